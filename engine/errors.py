@@ -1,0 +1,46 @@
+"""Typed errors a user can cause. Each message says what happened and what to do.
+
+The CLI prints `str(error)` on one line and exits 2; the app shows it and keeps working.
+Anything that is not a `UserError` is a bug and stays loud (traceback).
+"""
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Base class: something the user can fix (bad file, unknown model, setting out of range)."""
+
+
+class ModelNotFoundError(UserError):
+    """A model spec names nothing we can find locally or on the hub."""
+
+
+class ModelFormatError(UserError):
+    """A model file or folder exists but is not something we can load."""
+
+
+class UnsupportedModelError(UserError):
+    """The model loads but its architecture is not one the engine runs."""
+
+
+class IncompatibleDraftError(UserError):
+    """The draft model cannot draft for the target (different vocabulary or tokenizer)."""
+
+
+class InvalidSettingError(UserError, ValueError):
+    """A setting is out of its valid range; the message lists the range."""
+
+
+class ContextOverflowError(UserError):
+    """Document + history + answer do not fit the model's context or the reserved cache."""
+
+
+class OutOfMemoryPlanError(UserError):
+    """The placement plan does not fit the devices; raised before anything is allocated."""
+
+
+class DocumentError(UserError):
+    """A document cannot be read (unknown format, empty, encrypted, corrupt, too large...)."""
+
+
+class StoreError(UserError):
+    """The chat store cannot be opened or written (disk full, permissions, newer schema)."""

@@ -1,0 +1,130 @@
+"""Typed, frozen events streamed by `ChatSession.stream()`.
+
+The app and the CLI consume only these; nothing else crosses from the engine to the GUI.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Level(enum.IntEnum):
+    """Which level produced an emitted token.
+
+    L0: drafted by the drafter (model or n-gram) and accepted by L1 and L2.
+    L1: drafted by the target on its retrieval cache (or its correction/bonus) and accepted by L2.
+    L2: produced by the target with its full cache (a correction, a bonus token, or plain AR).
+    """
+
+    L0 = 0
+    L1 = 1
+    L2 = 2
+
+
+class FinishReason(str, enum.Enum):
+    EOS = "eos"
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """Prefill of the prompt: `done` of `total` new tokens computed (`reused` came from cache/snapshot)."""
+
+    done: int
+    total: int
+    reused: int
+    elapsed_s: float
+
+    @property
+    def eta_s(self) -> float | None:
+        if self.done <= 0 or self.done >= self.total:
+            return None
+        return self.elapsed_s / self.done * (self.total - self.done)
+
+
+@dataclass(frozen=True)
+class TokenText:
+    """New answer text. `level` says which level's draft produced these tokens."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    level: Level
+
+
+@dataclass(frozen=True)
+class LevelStats:
+    """Speculation counts at one verification boundary (e.g. "l0_l1": L0 drafts checked by L1)."""
+
+    name: str
+    proposed: int
+    accepted: int
+
+    @property
+    def rate(self) -> float | None:
+        return self.accepted / self.proposed if self.proposed else None
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """One cache's occupancy. `tokens`/`capacity` in tokens; bytes are exact tensor bytes."""
+
+    name: str  # "full", "retrieval", "draft"
+    tokens: int
+    capacity: int
+    bytes_used: int
+    bytes_reserved: int
+    device: str  # "cpu", "cuda:0", "cuda:0+cpu" (offloaded layers)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """A snapshot of decoding statistics for the current answer."""
+
+    mode: str
+    prompt_tokens: int
+    new_tokens: int
+    prefill_tokens: int
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    time_to_first_token_s: float | None
+    levels: tuple[LevelStats, ...] = ()
+    caches: tuple[CacheStats, ...] = ()
+    mean_accepted_per_verify: float | None = None
+    retrieval_rebuilds: int = 0
+    settings_summary: str = ""
+
+    def level(self, name: str) -> LevelStats | None:
+        return next((lv for lv in self.levels if lv.name == name), None)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The end of one `stream()` call."""
+
+    reason: FinishReason
+    text: str
+    message: str = ""  # for ERROR: the user-facing message
+    metrics: Metrics | None = None
+
+
+Event = PrefillProgress | TokenText | Metrics | Finished
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # "system", "user", "assistant"
+    content: str
+
+
+@dataclass(frozen=True)
+class DocumentText:
+    """A document ready to go into the prompt."""
+
+    title: str
+    text: str
+    source: str = ""
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
