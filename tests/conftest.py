@@ -1,0 +1,148 @@
+"""Shared fixtures: an isolated app home per test, the bundled model (converted once, kept
+between runs in <repo>/.test-cache), tiny random models, and the sample text."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_CACHE = REPO / ".test-cache"  # gitignored; survives runs so the ~40 s conversion happens once
+BUNDLED_HOME = TEST_CACHE / "home"
+SAMPLE_DIR = REPO / "resources" / "sample"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+# Tests never reach the network: fail fast instead of waiting on timeouts.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def _converted_bundled() -> Path:
+    from engine.model_store import BUNDLED_NAME
+
+    return BUNDLED_HOME / "models" / BUNDLED_NAME
+
+
+@pytest.fixture(autouse=True)
+def triforce_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own empty app home and HF cache. If the bundled model was already
+    converted (in .test-cache), it is linked into the test's model cache so nothing reconverts it.
+    Tests must not modify that linked folder."""
+    home = tmp_path / "triforce-home"
+    monkeypatch.setenv("TRIFORCE_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bundled = _converted_bundled()
+    if bundled.is_dir():
+        (home / "models").mkdir(parents=True, exist_ok=True)
+        (home / "models" / bundled.name).symlink_to(bundled, target_is_directory=True)
+    return home
+
+
+@pytest.fixture(scope="session")
+def bundled_model():
+    """The bundled SmolLM2-135M-Instruct as a `ModelFolder`, converted once into .test-cache."""
+    from engine.model_store import resolve_model
+
+    saved = os.environ.get("TRIFORCE_HOME")
+    os.environ["TRIFORCE_HOME"] = str(BUNDLED_HOME)
+    try:
+        return resolve_model("bundled")
+    finally:
+        if saved is None:
+            os.environ.pop("TRIFORCE_HOME", None)
+        else:
+            os.environ["TRIFORCE_HOME"] = saved
+
+
+@pytest.fixture(scope="session")
+def bundled_model_dir(bundled_model) -> Path:
+    """Folder of the converted bundled model (config.json, model.safetensors, tokenizer files)."""
+    return bundled_model.path
+
+
+@pytest.fixture(scope="session")
+def bundled_tokenizer(bundled_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(bundled_model_dir)
+
+
+ARCH_CONFIGS = {
+    "llama": ("LlamaConfig", {"head_dim": 16, "attention_bias": False}),
+    "mistral": ("MistralConfig", {"head_dim": 16, "sliding_window": None}),
+    "qwen2": ("Qwen2Config", {}),  # q/k/v projections carry a bias in Qwen2
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: Path) -> Callable[..., Path]:
+    """Factory: `tiny_model_dir(arch="llama", **config_overrides) -> Path` of a tiny random model
+    (2 layers, hidden 64, 4 heads, 2 KV heads, head_dim 16) with the bundled tokenizer.
+    Overrides go to the transformers config, e.g. rope_parameters={...} for RoPE scalings.
+    One folder per parameter set per session."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    tok_config = json.loads((bundled_model_dir / "config.json").read_text(encoding="utf-8"))
+
+    def make(arch: str = "llama", **overrides) -> Path:
+        if arch not in ARCH_CONFIGS:
+            raise ValueError(f"tiny_model_dir: arch must be one of {sorted(ARCH_CONFIGS)}, not {arch!r}")
+        key = hashlib.sha256(json.dumps([arch, overrides], sort_keys=True, default=str).encode()).hexdigest()[:12]
+        dest = root / f"{arch}-{key}"
+        if (dest / "config.json").is_file():
+            return dest
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+
+        class_name, arch_defaults = ARCH_CONFIGS[arch]
+        kwargs = dict(
+            vocab_size=tok_config["vocab_size"],  # 49152: the bundled tokenizer's
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            bos_token_id=tok_config.get("bos_token_id"),
+            eos_token_id=tok_config.get("eos_token_id"),
+            pad_token_id=tok_config.get("pad_token_id"),
+        )
+        kwargs.update(arch_defaults)
+        kwargs.update(overrides)
+        config = getattr(transformers, class_name)(**kwargs)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        tmp = root / f".tmp-{arch}-{key}"
+        model.save_pretrained(tmp)
+        for name in TOKENIZER_FILES:
+            if (bundled_model_dir / name).is_file():
+                shutil.copy2(bundled_model_dir / name, tmp / name)
+        tmp.rename(dest)
+        return dest
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def sample_text() -> str:
+    """Hamlet as Markdown (public domain), about 190 KB / 50K tokens."""
+    return (SAMPLE_DIR / "hamlet.md").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def sample_passage(bundled_tokenizer) -> Callable[[int], str]:
+    """Factory: `sample_passage(n_tokens) -> str`, the start of Hamlet cut to at most n_tokens
+    bundled-tokenizer tokens (1000 and 8000 are what tests and benchmarks use)."""
+    from engine.sample_text import sample_passage as cut
+
+    return lambda n_tokens, play="hamlet": cut(n_tokens, bundled_tokenizer, play=play)
