@@ -1,0 +1,52 @@
+"""PDF to text with pypdf: pages joined by blank lines; scanned and encrypted files get clear errors."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import BinaryIO
+
+from engine.documents.textio import clean_text
+from engine.errors import DocumentError
+
+
+def read_pdf(path: Path, fh: BinaryIO) -> tuple[str, str, dict]:
+    """Return (text, title, meta) of a PDF; pages are separated by a blank line."""
+    from pypdf import PasswordType, PdfReader
+    from pypdf.errors import DependencyError
+
+    try:
+        reader = PdfReader(fh)
+        if reader.is_encrypted:
+            # Many PDFs are "encrypted" with an empty user password (only editing is restricted).
+            try:
+                opened = reader.decrypt("")
+            except DependencyError:
+                opened = PasswordType.NOT_DECRYPTED
+            if opened == PasswordType.NOT_DECRYPTED:
+                raise DocumentError(
+                    f'"{path.name}" is an encrypted (password-protected) PDF. Decrypt it first, e.g. '
+                    "open it in a PDF viewer and save or print an unprotected copy, or run "
+                    "`qpdf --decrypt --password=... in.pdf out.pdf`, then open that copy.")
+        pages = [clean_text(page.extract_text() or "") for page in reader.pages]
+        title = _metadata_title(reader)
+    except DocumentError:
+        raise
+    except Exception as exc:  # pypdf raises many types on malformed input; none of them is our bug
+        raise DocumentError(
+            f'"{path.name}" is a damaged PDF that cannot be read ({type(exc).__name__}: {exc}). '
+            "Open it in a PDF viewer and save a new copy, or export the text another way.") from exc
+    text = "\n\n".join(p for p in pages if p)
+    if not text:
+        raise DocumentError(
+            f'"{path.name}" has no text layer ({len(pages)} page(s) of images only: a scanned document?). '
+            "Run it through OCR first (e.g. `ocrmypdf in.pdf out.pdf`) and open the result.")
+    if not title:
+        title = next(line.strip() for line in text.splitlines() if line.strip())[:200]
+    return text, title, {"pages": len(pages), "empty_pages": sum(1 for p in pages if not p)}
+
+
+def _metadata_title(reader) -> str:
+    try:
+        title = reader.metadata.title if reader.metadata else None
+    except Exception:  # a broken info dictionary must not lose the text
+        return ""
+    return clean_text(str(title)) if title and str(title).strip() else ""
