@@ -1,0 +1,60 @@
+"""The target's full KV cache: static per-layer buffers, keys stored after RoPE."""
+from __future__ import annotations
+
+import torch
+
+from engine.attention import causal_mask, gqa_attention
+from engine.cache_base import KVCache
+from engine.rope import Rotary, rotate
+
+
+class FullCache(KVCache):
+    """Per layer K and V buffers [Hkv, capacity, D]. Roll back = move the length pointer.
+
+    `capture_query` makes the next forward keep the last token's post-RoPE query per layer
+    ([L, Hq, D]): the retrieval cache scores chunks against it.
+    """
+
+    name = "full"
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__(capacity, dtype, torch.device(device))
+        self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        shape = (n_kv_heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
+        self.capture_query = False
+        self.last_query: list[torch.Tensor | None] = [None] * n_layers
+
+    def _prepare(self, positions: torch.Tensor, rope: Rotary) -> None:
+        self._cos, self._sin = rope.cos_sin(positions, self.dtype)
+        self._mask = causal_mask(self._new, self.length + self._new, self.device)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q = rotate(q, self._cos, self._sin)  # [Hq, T, D]
+        k = rotate(k, self._cos, self._sin)  # [Hkv, T, D]
+        start, stop = self.length, self.length + self._new
+        self.keys[layer][:, start:stop] = k
+        self.values[layer][:, start:stop] = v
+        if self.capture_query:
+            self.last_query[layer] = q[:, -1].clone()  # [Hq, D]
+        return gqa_attention(q, self.keys[layer][:, :stop], self.values[layer][:, :stop], self._mask)
+
+    def end(self) -> None:
+        super().end()
+        self.capture_query = False
+
+    def bytes_per_token(self) -> int:
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.keys[0].element_size()
+
+    # --- used by the retrieval cache and snapshots ---------------------------------------------
+    def layer_kv(self, layer: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views [Hkv, stop-start, D] of held tokens (post-RoPE keys, values)."""
+        return self.keys[layer][:, start:stop], self.values[layer][:, start:stop]
+
+    def load_prefix(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write a stored prefix [Hkv, n, D] into layer `layer` (snapshot restore)."""
+        n = keys.shape[1]
+        self.keys[layer][:, :n] = keys.to(self.device, self.dtype)
+        self.values[layer][:, :n] = values.to(self.device, self.dtype)

@@ -1,0 +1,113 @@
+"""L1's retrieval cache: a small, per-KV-head selection of the full cache (TriForce).
+
+Layout per layer, per KV head: [ selected chunks (budget) | recent (accepted since rebuild) | scratch ].
+Selected keys keep their absolute RoPE, so nothing is renumbered; everything held is in the past
+of every new query, so the only mask needed is causal over the new tokens, exactly as in the full
+cache. Newly accepted tokens' K/V are copied from the full cache (L1's own hidden states differ
+from L2's, so its K/V would drift).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.attention import causal_mask, gqa_attention
+from engine.cache_base import KVCache
+from engine.cache_full import FullCache
+from engine.rope import Rotary, rotate
+
+
+class RetrievalCache(KVCache):
+    name = "retrieval"
+
+    def __init__(self, full: FullCache, n_heads: int, budget: int, chunk: int, headroom: int) -> None:
+        """headroom: slots after the budget for recent tokens and speculation before a rebuild is forced."""
+        super().__init__(budget + headroom, full.dtype, full.device)
+        self.full, self.n_heads = full, n_heads
+        self.budget, self.chunk, self.headroom = budget, chunk, headroom
+        shape = (full.n_kv_heads, self.capacity, full.head_dim)
+        self.keys = [torch.zeros(shape, dtype=full.dtype, device=full.device) for _ in range(full.n_layers)]
+        self.values = [torch.zeros(shape, dtype=full.dtype, device=full.device) for _ in range(full.n_layers)]
+        self.selected = 0  # slots filled by the last rebuild
+        self.committed = 0  # slots holding synced tokens (selection + recent); beyond it: speculation
+        self.synced_to = 0  # full-cache length this cache mirrors (selection + recent copies)
+        self.rebuilds = 0
+
+    # --- the forward protocol (same as the full cache, over the small buffers) ---------------
+    def _prepare(self, positions: torch.Tensor, rope: Rotary) -> None:
+        self._cos, self._sin = rope.cos_sin(positions, self.dtype)
+        self._mask = causal_mask(self._new, self.length + self._new, self.device)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q = rotate(q, self._cos, self._sin)  # [Hq, T, D]
+        k = rotate(k, self._cos, self._sin)  # [Hkv, T, D]
+        start, stop = self.length, self.length + self._new
+        self.keys[layer][:, start:stop] = k
+        self.values[layer][:, start:stop] = v
+        return gqa_attention(q, self.keys[layer][:, :stop], self.values[layer][:, :stop], self._mask)
+
+    def bytes_per_token(self) -> int:
+        return 2 * self.full.n_layers * self.full.n_kv_heads * self.full.head_dim * self.keys[0].element_size()
+
+    # --- selection ---------------------------------------------------------------------------
+    def rebuild(self, queries: list[torch.Tensor]) -> None:
+        """Select chunks of the full cache for each layer and KV head.
+
+        queries: per layer [Hq, D], the post-RoPE query of the latest token (e.g. the last prompt
+        token). A chunk's key is the mean of its keys; its score for a KV head is the sum over that
+        group's query heads of q . k_mean. Always kept: the first chunk (attention sinks) and the
+        most recent chunk; the partial tail chunk goes to the recent region.
+        """
+        held = self.full.length
+        n_chunks = held // self.chunk
+        keep_chunks = self.budget // self.chunk
+        self.length = 0
+        if held <= self.budget or n_chunks <= keep_chunks:
+            # everything fits: mirror the full cache in order (L1 == L2 exactly)
+            for layer in range(self.full.n_layers):
+                k_full, v_full = self.full.layer_kv(layer, 0, held)
+                self.keys[layer][:, :held] = k_full
+                self.values[layer][:, :held] = v_full
+            self.length = self.selected = self.committed = self.synced_to = held
+            self.rebuilds += 1
+            return
+        body = n_chunks * self.chunk
+        n_kv, dim = self.full.n_kv_heads, self.full.head_dim
+        group = self.n_heads // n_kv
+        for layer in range(self.full.n_layers):
+            k_full, v_full = self.full.layer_kv(layer, 0, held)  # [Hkv, held, D]
+            chunk_keys = k_full[:, :body].reshape(n_kv, n_chunks, self.chunk, dim).float().mean(2)  # [Hkv, C, D]
+            q = queries[layer].float().reshape(n_kv, group, dim).sum(1)  # [Hkv, D]: sum over the group
+            scores = torch.einsum("hcd,hd->hc", chunk_keys, q)  # [Hkv, C]
+            scores[:, 0] = float("inf")  # sinks
+            scores[:, -1] = float("inf")  # most recent full chunk
+            top = scores.topk(keep_chunks, dim=-1).indices.sort(dim=-1).values  # [Hkv, K] in position order
+            token_idx = (top[..., None] * self.chunk + torch.arange(self.chunk, device=top.device)).reshape(n_kv, -1)
+            gather = token_idx[..., None].expand(-1, -1, dim)  # [Hkv, budget, D]
+            self.keys[layer][:, :self.budget] = k_full.gather(1, gather)
+            self.values[layer][:, :self.budget] = v_full.gather(1, gather)
+            tail = held - body
+            if tail:
+                self.keys[layer][:, self.budget:self.budget + tail] = k_full[:, body:]
+                self.values[layer][:, self.budget:self.budget + tail] = v_full[:, body:]
+        self.length = self.committed = self.budget + (held - body)
+        self.selected = self.budget
+        self.synced_to = held
+        self.rebuilds += 1
+
+    def sync(self) -> None:
+        """Drop speculated tokens and append the tokens L2 accepted since the last sync, with
+        their K/V copied from the full cache (the recent region)."""
+        new = self.full.length - self.synced_to
+        start = self.committed
+        if start + new > self.capacity:
+            raise RuntimeError("retrieval cache out of room: call rebuild() first (needs_rebuild)")
+        for layer in range(self.full.n_layers):
+            k_full, v_full = self.full.layer_kv(layer, self.synced_to, self.full.length)
+            self.keys[layer][:, start:start + new] = k_full
+            self.values[layer][:, start:start + new] = v_full
+        self.length = self.committed = start + new
+        self.synced_to = self.full.length
+
+    def room(self) -> int:
+        """Slots left for speculation after syncing what the full cache holds now."""
+        return self.capacity - self.committed - (self.full.length - self.synced_to)

@@ -1,0 +1,88 @@
+"""Load a model spec into a runner + tokenizer ready for the session."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import AutoConfig, AutoTokenizer
+
+from engine.errors import ModelFormatError
+from engine.runner import LlamaRunner
+
+Progress = Callable[[str, float | None], None]
+
+
+@dataclass
+class LoadedModel:
+    """A target or draft model: weights in a runner, its tokenizer, and where it came from."""
+
+    folder: object  # engine.model_store.ModelFolder
+    config: object
+    tokenizer: object
+    runner: LlamaRunner
+    eos_ids: tuple[int, ...]
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def max_context(self) -> int:
+        return self.runner.arch.max_context
+
+    @property
+    def model_id(self) -> str:
+        return getattr(self.folder, "model_id", str(self.folder))
+
+
+def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype]:
+    """float32 on the CPU (bf16 is slower there), bfloat16 on CUDA."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    return dev, (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+
+
+def _eos_ids(folder: Path, config, tokenizer) -> tuple[int, ...]:
+    ids: set[int] = set()
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        value = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
+        ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    value = getattr(config, "eos_token_id", None)
+    ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(i for i in ids if i is not None))
+
+
+def load_folder(folder_info, device: str = "auto", max_positions: int | None = None) -> LoadedModel:
+    """Load a resolved model folder (anything with `.path`, or a plain path)."""
+    path = Path(getattr(folder_info, "path", folder_info))
+    if not (path / "config.json").is_file():
+        raise ModelFormatError(f"{path} has no config.json: pass a model folder saved by transformers")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelFormatError(f"{path} has no usable tokenizer ({exc}): the folder needs tokenizer files") from exc
+    dev, dtype = pick_device(device)
+    runner = LlamaRunner.from_folder(path, config, dev, dtype, max_positions)
+    return LoadedModel(folder_info, config, tokenizer, runner, _eos_ids(path, config, tokenizer))
+
+
+def load_model(spec: str, device: str = "auto", progress: Progress | None = None,
+               cancel: Callable[[], bool] | None = None, max_positions: int | None = None) -> LoadedModel:
+    """Resolve a spec (bundled, hub repo id, folder, .gguf) and load it."""
+    from engine.model_store import resolve_model
+
+    folder = resolve_model(spec, progress=progress, cancel=cancel)
+    if progress:
+        progress("loading weights", None)
+    model = load_folder(folder, device, max_positions)
+    if progress:
+        progress("ready", 1.0)
+    return model

@@ -1,0 +1,55 @@
+"""Rotary position embedding for the Llama family, every scaling transformers knows.
+
+transformers computes the inverse frequencies (default, linear, dynamic, llama3, yarn...) so our
+numbers match its models exactly; we only turn them into cos/sin for given absolute positions.
+"""
+from __future__ import annotations
+
+import torch
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+
+def _rope_parameters(config) -> dict:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return dict(params)
+
+
+class Rotary:
+    """cos/sin tables for absolute positions. `max_positions` fixes dynamic-NTK scaling for the
+    whole cache (keys are cached post-RoPE, so the frequencies must not change mid-sequence)."""
+
+    def __init__(self, config, head_dim: int, device: torch.device, max_positions: int) -> None:
+        params = _rope_parameters(config)
+        rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+        if rope_type == "default":
+            theta = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+            dim = int(head_dim * float(getattr(config, "partial_rotary_factor", 1.0)))
+            inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+            scaling = 1.0
+        elif rope_type in ROPE_INIT_FUNCTIONS:
+            fn = ROPE_INIT_FUNCTIONS[rope_type]
+            if rope_type == "dynamic":
+                inv_freq, scaling = fn(config, device, seq_len=max_positions)
+            else:
+                inv_freq, scaling = fn(config, device)
+        else:
+            from engine.errors import UnsupportedModelError
+
+            raise UnsupportedModelError(f"RoPE scaling {rope_type!r} is not supported: use a Llama-family model "
+                                        f"with default, linear, dynamic, llama3 or yarn scaling")
+        self.rope_type = rope_type
+        self.inv_freq = inv_freq.float().to(device)  # [D/2]
+        self.scaling = float(scaling)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] (int64) -> cos, sin [T, D] in `dtype` (computed in float32 like transformers)."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [H, T, D] rotated by cos/sin [T, D] (half-split convention of Llama checkpoints)."""
+    half = x.shape[-1] // 2
+    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated_half * sin

@@ -1,0 +1,304 @@
+"""A chat session: the conversation as one growing token sequence over one set of caches.
+
+Each turn renders the chat template over all messages, keeps the longest common prefix with what
+the full cache holds, prefills the rest in chunks (progress + cancel), re-selects the retrieval
+cache with the new question, and generates with the chosen mode. Edit and regenerate are the
+same call with a different message list.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterator, Sequence
+
+import torch
+
+from engine.acceptance import sample_token
+from engine.cache_full import FullCache
+from engine.detokenize import StreamingText
+from engine.drafters import ModelDrafter, NgramDrafter, NoDrafter, common_prefix
+from engine.errors import ContextOverflowError, InvalidSettingError
+from engine.events import (ChatMessage, DocumentText, Event, Finished, FinishReason, Level, Metrics,
+                           PrefillProgress, TokenText)
+from engine.model import LoadedModel
+from engine.prompt import render_tokens
+from engine.settings import DecodeSettings
+from engine.speculative import HierarchicalDecoder
+
+METRICS_EVERY_S = 0.25
+
+
+def prefill_chunk_for(device: torch.device) -> int:
+    return 2048 if device.type == "cuda" else 256
+
+
+class ChatSession:
+    """Owns the caches for one conversation with one target (and optional draft) model."""
+
+    def __init__(self, target: LoadedModel, settings: DecodeSettings = DecodeSettings(), *,
+                 draft: LoadedModel | str = "ngram", capacity: int | None = None, snapshots=None) -> None:
+        self.target = target
+        arch = target.runner.arch
+        self.capacity = min(capacity or arch.max_context, arch.max_context)
+        settings.validate(self.capacity)
+        self._settings = settings
+        self.full = FullCache(arch.n_layers, arch.n_kv_heads, arch.head_dim, self.capacity,
+                              target.runner.dtype, target.runner.device)
+        self.held: list[int] = []  # tokens whose K/V the full cache holds (== full.length)
+        self.snapshots = snapshots
+        self._cancel = threading.Event()
+        self.drafter = self._make_drafter(draft)
+        self.generator = torch.Generator(device="cpu")
+        self.decoder = HierarchicalDecoder(target.runner, self.full, self.drafter, settings, self.generator)
+        self._last_metrics: Metrics | None = None
+        self.prefilled_tokens_total = 0  # tokens computed by prefill over the session's life (tests count reuse)
+
+    # --- configuration -----------------------------------------------------------------------
+    def _make_drafter(self, draft: LoadedModel | str):
+        s = self._settings
+        if isinstance(draft, str):
+            if draft == "ngram":
+                return NgramDrafter()
+            if draft == "none":
+                return NoDrafter()
+            raise InvalidSettingError(f"draft {draft!r} is unknown: use a model, 'ngram' or 'none'")
+        ModelDrafter.check_compatible(self.target.tokenizer, draft.tokenizer)
+        return ModelDrafter(draft.runner, s.draft_sinks, s.draft_window, max_draft=16)
+
+    @property
+    def settings(self) -> DecodeSettings:
+        return self._settings
+
+    def update_settings(self, settings: DecodeSettings) -> None:
+        """Validated now; budget/chunk apply at the next retrieval rebuild, the rest at the next step."""
+        settings.validate(self.capacity)
+        old = self._settings
+        self._settings = settings
+        self.decoder.settings = settings
+        if isinstance(self.drafter, ModelDrafter) and (old.draft_sinks, old.draft_window) != (
+                settings.draft_sinks, settings.draft_window):
+            self.drafter = ModelDrafter(self.drafter.runner, settings.draft_sinks, settings.draft_window, 16)
+            self.decoder.drafter = self.drafter
+
+    def cancel(self) -> None:
+        """Thread-safe: the running stream stops within one step (or one prefill chunk)."""
+        self._cancel.set()
+
+    # --- prompt helpers ----------------------------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        return len(self.target.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_tokens(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (),
+                      system: str | None = None, add_generation_prompt: bool = True) -> list[int]:
+        return render_tokens(self.target.tokenizer, messages, documents, system, add_generation_prompt)
+
+    def check_fits(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (),
+                   system: str | None = None) -> int:
+        """Raise ContextOverflowError (with the numbers) if prompt + answer cannot fit; return prompt length."""
+        n = len(self.prompt_tokens(messages, documents, system))
+        self._check_length(n)
+        return n
+
+    def _check_length(self, prompt_len: int) -> None:
+        answer = self._settings.max_new_tokens
+        if prompt_len + answer > self.capacity:
+            raise ContextOverflowError(
+                f"the conversation needs {prompt_len:,} prompt tokens + {answer:,} for the answer = "
+                f"{prompt_len + answer:,}, but this model's context holds {self.capacity:,}: remove a document, "
+                f"start a new chat, lower the answer length, or pick a model with a longer context")
+
+    # --- the turn ----------------------------------------------------------------------------
+    def prefill(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (),
+                system: str | None = None) -> Iterator[Event]:
+        """Prefill the conversation without answering (e.g. right after a document is dropped)."""
+        self._cancel.clear()
+        tokens = self.prompt_tokens(messages, documents, system, add_generation_prompt=False)
+        self._check_length(len(tokens))
+        started = time.perf_counter()
+        outcome = yield from self._prefill(tokens, keep_last=False)
+        reason = FinishReason.CANCELLED if outcome is None else FinishReason.LENGTH
+        yield Finished(reason, "", metrics=self._metrics(len(tokens), 0, started, None, None))
+
+    def stream(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (),
+               system: str | None = None) -> Iterator[Event]:
+        """Generate the next assistant answer; yields PrefillProgress, TokenText, Metrics, Finished."""
+        self._cancel.clear()
+        s = self._settings
+        prompt = self.prompt_tokens(messages, documents, system)
+        self._check_length(len(prompt))
+        started = time.perf_counter()
+        logits = yield from self._prefill(prompt, keep_last=True)
+        if logits is None:
+            yield Finished(FinishReason.CANCELLED, "", metrics=self._metrics(len(prompt), 0, started, None, None))
+            return
+        prefill_done = time.perf_counter()
+        if s.sampling.seed is not None:
+            self.generator.manual_seed(s.sampling.seed)
+        else:
+            self.generator.seed()
+        self.decoder.stats = type(self.decoder.stats)()
+        self.decoder.after_prefill(list(self.full.last_query))
+        first, _ = sample_token(logits, s.sampling, self.generator)
+        first_at = time.perf_counter()
+        seq = self.held + [first]
+        answer = [first]
+        text = StreamingText(self.target.tokenizer, s.stop)
+        eos = set(self.target.eos_ids)
+        reason = FinishReason.EOS if first in eos else None
+        if reason is None:
+            piece = text.add([first])
+            if piece:
+                yield TokenText(piece, (first,), Level.L2)
+            reason = FinishReason.STOP if text.stopped else None
+        last_metrics = time.perf_counter()
+        while reason is None:
+            if len(answer) >= s.max_new_tokens:
+                reason = FinishReason.LENGTH
+                break
+            if self._cancel.is_set():
+                reason = FinishReason.CANCELLED
+                break
+            if len(seq) + s.gamma2 + s.gamma1 + 2 > self.capacity:
+                reason = FinishReason.LENGTH
+                break
+            produced = self.decoder.step(seq)
+            seq += [tok for tok, _ in produced]
+            self.held = seq[:-1]
+            for token, level in produced:
+                if len(answer) >= s.max_new_tokens:
+                    reason = FinishReason.LENGTH
+                    break
+                if token in eos:
+                    reason = FinishReason.EOS
+                    break
+                answer.append(token)
+                piece = text.add([token])
+                if piece:
+                    yield TokenText(piece, (token,), level)
+                if text.stopped:
+                    reason = FinishReason.STOP
+                    break
+            if time.perf_counter() - last_metrics >= METRICS_EVERY_S:
+                last_metrics = time.perf_counter()
+                yield self._metrics(len(prompt), len(answer), started, prefill_done, first_at)
+        self.held = seq[:-1]
+        if reason != FinishReason.STOP:
+            tail = text.flush()
+            if tail:
+                yield TokenText(tail, (), Level.L2)
+        metrics = self._metrics(len(prompt), len(answer), started, prefill_done, first_at)
+        yield metrics
+        yield Finished(reason, text.text, metrics=metrics)
+
+    def generate(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (),
+                 system: str | None = None) -> str:
+        """The answer as a string (runs `stream` to the end)."""
+        final = None
+        for event in self.stream(messages, documents, system):
+            if isinstance(event, Finished):
+                final = event
+        return final.text if final else ""
+
+    def _prefill(self, tokens: list[int], keep_last: bool):
+        """Bring the full cache to `tokens` (all of them). Returns the last token's logits, or None
+        if cancelled. keep_last: always recompute the last token (its logits start the answer)."""
+        reuse = common_prefix(self.held, tokens)
+        if keep_last:
+            reuse = min(reuse, len(tokens) - 1)
+        reuse = self._restore_snapshot(tokens, reuse)
+        self.full.rollback(reuse)
+        self.held = self.held[:reuse]
+        total = len(tokens) - reuse
+        chunk = prefill_chunk_for(self.full.device)
+        started = time.perf_counter()
+        self._prefill_stats = (total, 0.0)
+        yield PrefillProgress(0, total, reuse, 0.0)
+        logits = None
+        runner = self.target.runner
+        for start in range(reuse, len(tokens), chunk):
+            if self._cancel.is_set():
+                return None
+            piece = tokens[start:start + chunk]
+            last_piece = start + chunk >= len(tokens)
+            self.full.capture_query = last_piece
+            logits = runner.forward(torch.tensor(piece, device=runner.device),
+                                    torch.arange(start, start + len(piece), device=runner.device),
+                                    self.full, last_only=True)[0]
+            self.held = tokens[:start + len(piece)]
+            self.prefilled_tokens_total += len(piece)
+            elapsed = time.perf_counter() - started
+            self._prefill_stats = (total, elapsed)
+            yield PrefillProgress(start + len(piece) - reuse, total, reuse, elapsed)
+        if logits is None:  # nothing to compute: everything was cached (only possible without keep_last)
+            return torch.empty(0)
+        self._save_snapshot(tokens)
+        return logits
+
+    # --- snapshots (prefilled books) -----------------------------------------------------------
+    def _snapshot_key(self) -> str:
+        folder = self.target.folder
+        return f"{self.target.model_id}:{getattr(folder, 'weights_hash', '')}:{self.full.dtype}"
+
+    def _restore_snapshot(self, tokens: list[int], reuse: int) -> int:
+        if self.snapshots is None:
+            return reuse
+        match = self.snapshots.find(self._snapshot_key(), tokens)
+        if match is None or match.length <= reuse + 256:
+            return reuse
+        loaded = self.snapshots.load(match)
+        if loaded is None:
+            return reuse
+        stored_tokens, tensors = loaded
+        n = min(len(stored_tokens), len(tokens) - 1)
+        for layer in range(self.full.n_layers):
+            self.full.load_prefix(layer, tensors[f"k.{layer}"][:, :n], tensors[f"v.{layer}"][:, :n])
+        self.full.length = n
+        self.held = list(tokens[:n])
+        return n
+
+    def _save_snapshot(self, tokens: list[int]) -> None:
+        if self.snapshots is None or len(tokens) < 1024:
+            return
+        n = self.full.length
+        tensors = {}
+        for layer in range(self.full.n_layers):
+            k, v = self.full.layer_kv(layer, 0, n)
+            tensors[f"k.{layer}"], tensors[f"v.{layer}"] = k.cpu(), v.cpu()
+        self.snapshots.save(self._snapshot_key(), tokens[:n], tensors)
+
+    # --- metrics -----------------------------------------------------------------------------
+    def _metrics(self, prompt_len: int, new_tokens: int, started: float, prefill_done: float | None,
+                 first_at: float | None) -> Metrics:
+        total, elapsed = getattr(self, "_prefill_stats", (0, 0.0))
+        now = time.perf_counter()
+        decode_s = now - first_at if first_at else None
+        stats = self.decoder.stats
+        caches = [self.full.stats()]
+        if self.decoder.retrieval is not None and self._settings.mode in ("triforce", "retrieval-only"):
+            r = self.decoder.retrieval
+            caches.append(r.stats().__class__(r.name, r.length, r.capacity, r.nbytes_used(), r.nbytes_reserved(),
+                                              str(r.device), f"budget {r.budget}, chunk {r.chunk}"))
+        draft_stats = self.drafter.cache_stats() if self._settings.mode in ("triforce", "draft-only") else None
+        if draft_stats is not None:
+            caches.append(draft_stats)
+        s = self._settings
+        metrics = Metrics(
+            mode=s.mode,
+            prompt_tokens=prompt_len,
+            new_tokens=new_tokens,
+            prefill_tokens=total,
+            prefill_tokens_per_s=(total / elapsed) if elapsed > 0 else None,
+            decode_tokens_per_s=((new_tokens - 1) / decode_s) if decode_s and new_tokens > 1 else None,
+            time_to_first_token_s=(first_at - started) if first_at else None,
+            levels=stats.levels(s.mode),
+            caches=tuple(caches),
+            mean_accepted_per_verify=(stats.emitted_by_verify / stats.verifications) if stats.verifications else None,
+            retrieval_rebuilds=self.decoder.rebuilds,
+            settings_summary=f"{s.mode} budget={s.budget} chunk={s.chunk} g1={s.gamma1} g2={s.gamma2} "
+                             f"draft={getattr(self.drafter, 'name', '?')}",
+        )
+        self._last_metrics = metrics
+        return metrics
+
+    def metrics(self) -> Metrics:
+        return self._last_metrics or self._metrics(len(self.held), 0, time.perf_counter(), None, None)
