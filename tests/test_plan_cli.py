@@ -1,0 +1,68 @@
+"""`plan` subcommand, run in a subprocess like a user would (offline, no weights)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--draft", "meta-llama/Llama-3.2-1B-Instruct"]
+
+
+def run_plan(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    # main.py is being written elsewhere; the CLI registry is the same entry point.
+    code = f"from engine.cli import main; raise SystemExit(main({['plan', *args]!r}))"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hf"), "TRIFORCE_HOME": str(tmp_path)}
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_preset_on_one_4090_prints_a_table(tmp_path) -> None:
+    r = run_plan(tmp_path, *LLAMA, "--context", "131072", "--devices", "4090")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "7 of 32 on-chip, 25 offloaded to pinned CPU memory" in out
+    assert "cuda:0" in out and "offloaded_kv" in out and "headroom" in out
+    assert "L2 full-cache forward" in out and "modelled end-to-end" in out
+
+
+def test_json_two_4090s(tmp_path) -> None:
+    r = run_plan(tmp_path, *LLAMA, "--context", "131072", "--devices", "4090x2", "--json")
+    assert r.returncode == 0, r.stderr
+    obj = json.loads(r.stdout)
+    assert obj["fits"] is True and obj["kv_layers_offloaded"] == 0 and obj["mode"] == "tensor-parallel"
+    assert {a["mode"] for a in obj["alternatives"]} == {"layer-split", "tensor-parallel"}
+
+
+def test_preset_draft_is_the_default(tmp_path) -> None:
+    r = run_plan(tmp_path, "--model", "NousResearch/Yarn-Llama-2-7b-128k", "--context", "131072", "--devices", "4090",
+                 "--json")
+    obj = json.loads(r.stdout)
+    assert obj["draft"] == "JackFram/llama-68m" and obj["kv_layers_offloaded"] > 16
+
+
+def test_bundled_model_on_cpu(tmp_path) -> None:
+    r = run_plan(tmp_path, "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--context", "8192", "--devices", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "KV layers: all 30 in RAM" in r.stdout
+
+
+def test_unknown_model_is_one_line_exit_2(tmp_path) -> None:
+    r = run_plan(tmp_path, "--model", "nobody/no-such-model", "--context", "1000", "--devices", "cpu")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0
+    assert "not a preset and not in the local cache" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_misfit_prints_plan_then_exits_2(tmp_path) -> None:
+    r = run_plan(tmp_path, "--model", "NousResearch/Yarn-Llama-2-7b-128k", "--context", "131072",
+                 "--devices", "4090", "--ram-gib", "32")
+    assert r.returncode == 2
+    assert "DOES NOT FIT" in r.stdout
+    assert r.stderr.startswith("error: offloaded KV needs")
+
+
+def test_context_overflow_exit_2(tmp_path) -> None:
+    r = run_plan(tmp_path, "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--context", "20000", "--devices", "cpu")
+    assert r.returncode == 2 and "exceeds" in r.stderr and "8192" in r.stderr

@@ -1,0 +1,263 @@
+"""Offload planner: hand-checkable placements, computed here from first principles."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.errors import (ContextOverflowError, IncompatibleDraftError, InvalidSettingError, ModelNotFoundError,
+                           OutOfMemoryPlanError)
+from engine.model_shape import ModelShape, shape_for
+from engine.planner import DeviceSpec, GpuSpec, RTX_4090, device_spec, plan_placement
+from engine.presets import PRESETS, preset_config_path
+from engine.settings import DecodeSettings
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+LLAMA31, LLAMA32_1B = "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct"
+YARN, LLAMA68M = "NousResearch/Yarn-Llama-2-7b-128k", "JackFram/llama-68m"
+SMOL135, SMOL17 = "HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-1.7B-Instruct"
+QWEN7, QWEN05 = "Qwen/Qwen2.5-7B-Instruct-1M", "Qwen/Qwen2.5-0.5B-Instruct"
+CTX = 131072
+S = DecodeSettings()  # budget 1024, chunk 16, sinks 4 + window 252, gamma1 4, gamma2 6
+
+
+def test_every_preset_ships_a_config() -> None:
+    for preset in PRESETS:
+        for repo in filter(None, (preset.target, preset.draft)):
+            assert preset_config_path(repo).is_file(), repo
+            shape_for(repo)
+
+
+@pytest.mark.parametrize("repo, params", [
+    # published parameter counts
+    (LLAMA31, 8_030_261_248), (LLAMA32_1B, 1_235_814_400), (YARN, 6_738_415_616),
+    (SMOL135, 134_515_008), (QWEN05, 494_032_768), (QWEN7, 7_615_616_512),
+])
+def test_param_counts_match_published(repo: str, params: int) -> None:
+    assert shape_for(repo).param_count() == params
+
+
+def test_kv_bytes_per_token() -> None:
+    # layers * kv heads * head dim * (K,V) * bf16
+    assert shape_for(LLAMA31).kv_bytes_per_token(2) == 32 * 8 * 128 * 2 * 2 == 128 * KiB
+    assert shape_for(YARN).kv_bytes_per_token(2) == 32 * 32 * 128 * 2 * 2 == 512 * KiB
+    assert shape_for(SMOL135).kv_bytes_per_token(4) == 30 * 3 * 64 * 2 * 4
+
+
+def test_shape_from_transformers_config() -> None:
+    from transformers import LlamaConfig
+
+    cfg = json.loads(preset_config_path(LLAMA31).read_text())
+    shape = ModelShape.from_config(LlamaConfig(**cfg), name="x")
+    assert shape == ModelShape.from_config(cfg, name="x")
+
+
+def test_unknown_spec_is_model_not_found(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ModelNotFoundError, match="not a preset and not in the local cache"):
+        shape_for("nobody/no-such-model")
+
+
+def test_local_folder(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(preset_config_path(SMOL135).read_text())
+    assert shape_for(str(tmp_path)).layers == 30
+
+
+# -- the hand-checkable cases ---------------------------------------------------------------
+def _fixed_gpu_bytes(t: ModelShape, d: ModelShape | None, ctx: int = CTX) -> int:
+    """What the planner puts on the card before any full KV: weights, retrieval, draft, working."""
+    layer_tok = 2 * t.kv_heads * t.head_dim * 2
+    retrieval = t.layers * (S.budget + S.gamma2 + 1) * layer_tok
+    draft = 0
+    if d:
+        draft = d.param_count() * 2 + (S.draft_sinks + S.draft_window + S.gamma1 + 1) * d.kv_bytes_per_token(2)
+    activations = 1024 * (3 * t.hidden + (t.heads + 2 * t.kv_heads) * t.head_dim + 3 * t.intermediate) * 2
+    logits = (max(S.gamma1, S.gamma2) + 1) * t.vocab * 4 * 3
+    return t.param_count() * 2 + retrieval + draft + activations + logits
+
+
+def test_llama31_8b_128k_on_one_4090_offloads_most_layers() -> None:
+    t, d = shape_for(LLAMA31), shape_for(LLAMA32_1B)
+    plan = plan_placement(t, d, CTX, S, "4090")
+    room = 24564 * MiB - int(1.5 * GiB)
+    layer_kv = CTX * 8 * 128 * 2 * 2  # 512 MiB
+    index = CTX // 16 * 8 * 128 * 2  # mean key per 16-token chunk: 16 MiB
+    resident = (room - _fixed_gpu_bytes(t, d) - 2 * layer_kv) // (layer_kv + index)
+    assert layer_kv == 512 * MiB and resident == 7
+    assert plan.fits and plan.mode == "single-gpu"
+    assert plan.kv_layers_total == 32
+    assert plan.kv_layers_offloaded == 32 - resident == 25  # most layers offloaded
+    gpu, cpu = plan.device("cuda:0"), plan.device("cpu")
+    assert gpu.component("full_kv") == resident * layer_kv
+    assert gpu.component("staging") == 2 * layer_kv
+    assert cpu.component("offloaded_kv") == 25 * layer_kv
+    assert gpu.spare_bytes >= 0
+    # Floors: bytes / bandwidth. L2 is PCIe bound: 25 layers x 512 MiB at 25 GB/s.
+    f = plan.floors
+    assert f.l2_pcie_ms == pytest.approx(25 * layer_kv / 25e9 * 1e3)  # 536.9 ms
+    assert f.ar_ms == pytest.approx(f.l2_pcie_ms)  # plain AR pays the whole stream
+    head = t.vocab * t.hidden * 2 + t.hidden * 2
+    l1_bytes = t.layers * t.layer_params() * 2 + head + 32 * (1024 + 7) * 4096
+    assert f.l1_ms == pytest.approx(l1_bytes / 1008e9 * 1e3)
+    # the draft's tied embedding matrix is read once, as its lm_head; + its 261-token StreamingLLM cache
+    assert f.l0_ms == pytest.approx((d.param_count() * 2 + 261 * 32 * KiB) / 1008e9 * 1e3)
+    # both staging slots are filled while L1 drafts (6 tokens at ~9.3 ms each > 2 x 21.5 ms)
+    assert f.l2_prefetched_ms == pytest.approx(2 * layer_kv / 25e9 * 1e3)
+    assert f.l2_ms == pytest.approx(f.l2_pcie_ms - f.l2_prefetched_ms)
+    assert f.l2_serial_ms > f.l2_pcie_ms
+    assert f.l1_ms < f.end_to_end_ms < f.ar_ms
+
+
+def test_llama31_8b_128k_on_two_4090s_fits_on_chip() -> None:
+    t, d = shape_for(LLAMA31), shape_for(LLAMA32_1B)
+    total_kv = 32 * CTX * 4096  # 16 GiB
+    assert t.param_count() * 2 + d.param_count() * 2 + total_kv < 2 * (24564 * MiB - int(1.5 * GiB))
+    plan = plan_placement(t, d, CTX, S, "4090x2")
+    assert plan.fits and plan.kv_layers_offloaded == 0
+    assert plan.mode == "tensor-parallel"
+    assert all(dev.spare_bytes >= 0 for dev in plan.devices)
+    assert plan.device("cpu").used_bytes == 0
+    assert plan.device("cuda:0").component("full_kv") == total_kv // 2
+    alt = {a.mode: a for a in plan.alternatives}
+    assert alt["layer-split"].fits and alt["tensor-parallel"].fits
+    # each card reads half the bytes, paying 65 host-staged all-reduces of 30 us
+    assert alt["tensor-parallel"].floors.l2_ms < alt["layer-split"].floors.l2_ms
+    half = (t.layers * t.layer_params() * 2 + t.vocab * t.hidden * 2 + t.hidden * 2 + total_kv) / 2
+    assert plan.floors.l2_ms == pytest.approx(half / 1008e9 * 1e3 + 65 * 0.030, rel=1e-6)
+
+
+@pytest.mark.parametrize("profile", ["4090", "4090x2"])
+def test_llama2_7b_128k_offloads_on_both_profiles(profile: str) -> None:
+    t, d = shape_for(YARN), shape_for(LLAMA68M)
+    assert CTX * 512 * KiB == 64 * GiB > 2 * 24 * GiB  # cannot all be on-chip even on two cards
+    plan = plan_placement(t, d, CTX, S, profile)
+    assert plan.fits and plan.kv_layers_offloaded > 16
+    assert plan.device("cpu").component("offloaded_kv") == plan.kv_layers_offloaded * CTX * 512 * KiB // 32
+
+
+def test_two_gpus_with_offload_prefer_splitting_heads_over_layers() -> None:
+    """Layer-split cards take turns, so one PCIe link works at a time; splitting every offloaded
+    layer's KV heads across the cards keeps both links busy and halves L2."""
+    t, d = shape_for(YARN), shape_for(LLAMA68M)
+    plan = plan_placement(t, d, CTX, S, "4090x2")
+    alt = {a.mode: a for a in plan.alternatives}
+    assert plan.mode == "tensor-parallel"
+    assert alt["layer-split"].fits
+    assert plan.floors.l2_ms < 0.6 * alt["layer-split"].floors.l2_ms
+    only_split = plan_placement(t, d, CTX, S, "4090x2", tp_offload=False)
+    assert only_split.mode == "layer-split"
+    assert "does not fit" in only_split.mode_reason
+
+
+def test_tensor_parallel_needs_divisible_heads() -> None:
+    plan = plan_placement(shape_for(SMOL135), None, 8192, S, "4090x2")  # 9 heads, 3 KV heads
+    assert plan.mode == "single-gpu"  # fits one card; splitting only adds hand-offs
+    assert {a.mode: a for a in plan.alternatives}["tensor-parallel"].fits is False
+
+
+def test_smollm2_135m_fits_on_cpu() -> None:
+    t = shape_for(SMOL135)
+    plan = plan_placement(t, None, 8192, S, "cpu")
+    assert plan.fits and plan.mode == "cpu" and plan.dtype_bytes == 4
+    assert plan.kv_layers_offloaded == 0
+    assert plan.device("cpu").component("full_kv") == 8192 * 30 * 3 * 64 * 2 * 4
+    small = DeviceSpec("cpu", 4 * GiB, 3 * GiB)  # a small laptop still fits it
+    assert plan_placement(t, None, 8192, S, small).fits
+
+
+def test_qwen_pair_with_padded_vocab_is_compatible() -> None:
+    t, d = shape_for(QWEN7), shape_for(QWEN05)
+    assert t.vocab != d.vocab  # 152064 vs 151936: same tokenizer, padded embedding rows
+    assert plan_placement(t, d, 32768, S, "4090").fits
+
+
+# -- bad inputs ----------------------------------------------------------------------------
+def test_context_longer_than_model_max() -> None:
+    with pytest.raises(ContextOverflowError, match="9000.*8192"):
+        plan_placement(shape_for(SMOL135), None, 9000, S, "cpu")
+
+
+def test_draft_with_other_vocabulary() -> None:
+    with pytest.raises(IncompatibleDraftError, match="32000.*128256"):
+        plan_placement(shape_for(LLAMA31), shape_for(LLAMA68M), 8192, S, "4090")
+
+
+def test_zero_free_memory() -> None:
+    spec = DeviceSpec("x", 64 * GiB, 60 * GiB, gpus=(GpuSpec("busy", 24 * GiB, 0, 1008.0, 25.0),))
+    with pytest.raises(OutOfMemoryPlanError, match="0 bytes free"):
+        plan_placement(shape_for(SMOL135), None, 1024, S, spec)
+
+
+def test_weights_that_do_not_fit_name_the_numbers() -> None:
+    spec = DeviceSpec("x", 64 * GiB, 60 * GiB, gpus=(GpuSpec("16 GB card", 16 * GiB, 16 * GiB, 500.0, 12.0),))
+    with pytest.raises(OutOfMemoryPlanError, match=r"target weights need 16\.1 GB but cuda:0 has 15\.6 GB free"):
+        plan_placement(shape_for(LLAMA31), None, 8192, S, spec)
+
+
+def test_offloaded_kv_must_fit_in_ram() -> None:
+    t, d = shape_for(YARN), shape_for(LLAMA68M)
+    with pytest.raises(OutOfMemoryPlanError, match="pinned CPU memory"):
+        plan_placement(t, d, CTX, S, device_spec("4090", ram_bytes=32 * GiB))
+    plan = plan_placement(t, d, CTX, S, device_spec("4090", ram_bytes=32 * GiB), raise_on_misfit=False)
+    assert not plan.fits and plan.shortfalls
+
+
+def test_bad_numbers_are_setting_errors() -> None:
+    with pytest.raises(InvalidSettingError):
+        plan_placement(shape_for(SMOL135), None, 0, S, "cpu")
+    with pytest.raises(InvalidSettingError):
+        device_spec("3090x4")
+
+
+def test_budget_larger_than_context_is_clamped() -> None:
+    plan = plan_placement(shape_for(SMOL135), None, 256, S.replace(budget=2048), "cpu")
+    assert plan.budget_tokens == 256
+
+
+def test_ar_mode_plans_no_retrieval_or_draft() -> None:
+    plan = plan_placement(shape_for(LLAMA31), shape_for(LLAMA32_1B), 8192, S.replace(mode="ar"), "4090")
+    comps = plan.bytes_by_component()
+    assert "retrieval_cache" not in comps and "draft_weights" not in comps
+    assert plan.floors.end_to_end_ms == plan.floors.ar_ms
+
+
+# -- JSON --------------------------------------------------------------------------------------
+def test_json_has_the_promised_keys() -> None:
+    plan = plan_placement(shape_for(LLAMA31), shape_for(LLAMA32_1B), CTX, S, "4090")
+    obj = json.loads(plan.to_json())
+    for key in ("fits", "mode", "kv_layers_total", "kv_layers_offloaded", "devices", "bytes_by_component",
+                "floor_ms_per_token", "assumptions", "kv_devices"):
+        assert key in obj
+    assert isinstance(obj["fits"], bool) and isinstance(obj["kv_layers_offloaded"], int)
+    for key in ("l0_ms", "l1_ms", "l2_ms", "end_to_end_ms", "ar_ms"):
+        assert obj["floor_ms_per_token"][key] > 0
+    gpu = next(dev for dev in obj["devices"] if dev["name"] == "cuda:0")
+    assert gpu["components"]["target_layers"] == 32 * shape_for(LLAMA31).layer_params() * 2
+    assert gpu["headroom_bytes"] == int(1.5 * GiB)
+    assert obj["assumptions"]["l1_by_l2"] == 0.9
+    assert obj["kv_devices"].count("cpu") == obj["kv_layers_offloaded"]
+
+
+def test_headroom_is_a_parameter() -> None:
+    t, d = shape_for(LLAMA31), shape_for(LLAMA32_1B)
+    loose = plan_placement(t, d, CTX, S, "4090", headroom_bytes=512 * MiB)
+    tight = plan_placement(t, d, CTX, S, "4090")
+    assert loose.kv_layers_offloaded < tight.kv_layers_offloaded
+
+
+def test_named_profiles() -> None:
+    assert device_spec("4090").gpus == (RTX_4090,)
+    assert len(device_spec("4090x2").gpus) == 2
+    assert device_spec("cpu").gpus == ()
+    assert device_spec("auto").profile == "cpu"  # this machine has no GPU
+
+
+def test_end_to_end_with_perfect_acceptance() -> None:
+    """All drafts accepted: one L2 forward per gamma2 + 1 tokens, after gamma2 L1 forwards."""
+    from engine.planner import Acceptance
+
+    t = shape_for(LLAMA31)
+    settings = S.replace(mode="retrieval-only")
+    plan = plan_placement(t, None, 32768, settings, "4090", acceptance=Acceptance(1.0, 1.0, 1.0))
+    f = plan.floors
+    assert f.end_to_end_ms == pytest.approx((6 * f.l1_ms + f.l2_ms) / 7)
