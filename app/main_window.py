@@ -1,0 +1,859 @@
+"""The main window: chats on the left, the conversation in the middle, live panels on the right.
+
+`run_app()` is the GUI entry point (pyproject's gui-script and `main.py` with no arguments).
+The window owns one `EngineController` (the engine thread) and the chat store; everything
+here runs on the GUI thread.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QSettings, QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
+                               QProgressBar, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+
+from app import theme
+from app.chat_list import ChatEntry, ChatList
+from app.chat_repo import ChatRepo, segments_from_spans, to_chat_messages
+from app.chat_view import ChatView
+from app.composer import Composer
+from app.document_chips import DocumentChips, PrefillStrip
+from app.icons import app_icon
+from app.panels import AcceptancePanel, CachePanel, MemoryPanel
+from app.panels.common import fmt_seconds
+from app.settings_panel import SettingsPanel, settings_from_dict, settings_to_dict
+from app.worker import (Conversation, DocumentReady, EngineBackend, EngineController, JobFailed, LoadProgress,
+                        ModelInfo)
+from engine.errors import ContextOverflowError, UserError
+from engine.events import ChatMessage, DocumentText, Finished, FinishReason, Metrics, PrefillProgress, TokenText
+from engine.settings import DecodeSettings
+
+log = logging.getLogger(__name__)
+
+PARTIAL_SAVE_INTERVAL_S = 2.0  # a crash mid-answer loses at most this much of it
+SHOW_PREFILL_MIN_TOKENS = 192  # shorter prompt prefills are too quick to deserve a progress strip
+ORG, APP = "TriForceChat", "TriForce Chat"
+
+
+@dataclass
+class AttachedDocument:
+    key: int  # the chip's key (local counter)
+    document: DocumentText
+    tokens: int | None
+    sha256: str | None  # set once it is in the store
+
+    @property
+    def saved(self) -> bool:
+        return self.sha256 is not None
+
+
+def app_settings() -> QSettings:
+    """Global preferences, next to the app's data (so TRIFORCE_HOME isolates tests too)."""
+    from engine.paths import app_home
+    return QSettings(str(app_home() / "app-settings.ini"), QSettings.Format.IniFormat)
+
+
+class DropOverlay(QLabel):
+    """Shown over the window while files are dragged onto it."""
+
+    def __init__(self, parent: QWidget) -> None:
+        super().__init__("Drop to add to this chat", parent)
+        self.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        c = theme.colors()
+        self.setStyleSheet(f"QLabel {{ background: rgba(20, 22, 30, 150); color: white; font-size: 18pt;"
+                           f" font-weight: 600; border: 3px dashed {c.accent}; border-radius: 16px; }}")
+        self.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
+        self.hide()
+
+
+class MainWindow(QMainWindow):
+    """One chat window. `model_spec` loads at start (None: load nothing until the user picks)."""
+
+    modelReady = Signal(object)  # ModelInfo (tests wait on it)
+    answerFinished = Signal(object)  # Finished
+    prefillFinished = Signal(object)  # Finished of a document's prefill
+    documentAdded = Signal(object)  # AttachedDocument
+    errorShown = Signal(str)
+
+    def __init__(self, model_spec: str | None = "bundled", *, draft_spec: str = "ngram",
+                 repo: ChatRepo | None = None, backend: EngineBackend | None = None,
+                 settings: QSettings | None = None, sample_memory: bool = True) -> None:
+        super().__init__()
+        self.setWindowTitle("TriForce Chat")
+        self.setWindowIcon(app_icon())
+        self.setAcceptDrops(True)
+        self.resize(1440, 900)
+        self.colors = theme.colors()
+        self.prefs = settings or app_settings()
+        self.repo = repo or ChatRepo()
+        initial = settings_from_dict(self.prefs.value("decode/settings", "", type=str), DecodeSettings())
+        self.engine = EngineController(backend, initial, parent=self)
+        self.model: ModelInfo | None = None
+        self.chat_id: int | None = None
+        self.messages: list[ChatMessage] = []
+        self.documents: list[AttachedDocument] = []
+        self._doc_counter = 0
+        self._search = ""
+        self._jobs: dict[int, str] = {}  # running/queued job -> kind
+        self._ingest_docs: dict[int, AttachedDocument] = {}  # ingest job -> its document
+        self._stream_job = 0
+        self._load_job = 0
+        self._count_job = 0
+        self._answer_chat: int | None = None  # the chat the streaming answer belongs to
+        self._answer_index: int | None = None  # store index of the (partial) answer
+        self._answer_saved_at = 0.0
+        self._prefill_job_shown = 0
+        self._closing = False
+        self._build_ui(initial)
+        self._wire()
+        self._refresh_chats()
+        self.memory.start(enabled=sample_memory)
+        if model_spec:
+            self.load_model(model_spec, draft_spec)
+        else:
+            self._set_model_status("No model loaded — choose one with Model…")
+
+    # ----------------------------------------------------------------------------- layout
+
+    def _build_ui(self, initial: DecodeSettings) -> None:
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.setChildrenCollapsible(False)
+        splitter.setHandleWidth(1)
+        self.chat_list = ChatList()
+        self.chat_list.setMinimumWidth(200)
+        splitter.addWidget(self.chat_list)
+
+        center = QWidget()
+        center.setObjectName("conversation")
+        center.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        col = QVBoxLayout(center)
+        col.setContentsMargins(0, 0, 0, 0)
+        col.setSpacing(0)
+        header = QFrame()
+        header.setObjectName("chatHeader")
+        hl = QHBoxLayout(header)
+        hl.setContentsMargins(20, 10, 14, 10)
+        self.title_label = QLabel("New chat")
+        self.title_label.setObjectName("chatTitle")
+        hl.addWidget(self.title_label, 1)
+        self.context_label = QLabel()
+        self.context_label.setObjectName("muted")
+        hl.addWidget(self.context_label)
+        self.model_button = QPushButton("Model…")
+        self.model_button.setToolTip("Choose the model (bundled, presets, local folders, .gguf, Hugging Face)")
+        hl.addWidget(self.model_button)
+        col.addWidget(header)
+        self.chat_view = ChatView()
+        col.addWidget(self.chat_view, 1)
+        bottom = QWidget()
+        bl = QVBoxLayout(bottom)
+        bl.setContentsMargins(20, 8, 20, 12)
+        bl.setSpacing(6)
+        self.prefill_strip = PrefillStrip()
+        bl.addWidget(self.prefill_strip)
+        self.chips = DocumentChips()
+        bl.addWidget(self.chips)
+        self.composer = Composer()
+        bl.addWidget(self.composer)
+        col.addWidget(bottom)
+        splitter.addWidget(center)
+
+        self.right = QTabWidget()
+        self.right.setObjectName("rightPane")
+        self.right.setMinimumWidth(300)
+        live = QWidget()
+        live.setObjectName("rightPane")
+        ll = QVBoxLayout(live)
+        ll.setContentsMargins(10, 10, 10, 10)
+        ll.setSpacing(10)
+        self.cache_panel = CachePanel()
+        self.acceptance_panel = AcceptancePanel()
+        self.memory = MemoryPanel()
+        for w in (self.acceptance_panel, self.cache_panel, self.memory):
+            ll.addWidget(w)
+        ll.addStretch(1)
+        self.right.addTab(live, "Live")
+        self.settings_panel = SettingsPanel()
+        self.settings_panel.set_settings(initial)
+        self.cache_panel.set_settings(initial)
+        self.right.addTab(self.settings_panel, "Settings")
+        splitter.addWidget(self.right)
+        splitter.setStretchFactor(0, 0)
+        splitter.setStretchFactor(1, 1)
+        splitter.setStretchFactor(2, 0)
+        splitter.setSizes([240, 820, 360])
+        self.splitter = splitter
+        self.setCentralWidget(splitter)
+
+        sb = self.statusBar()
+        self.status_label = QLabel()
+        sb.addWidget(self.status_label, 1)
+        self.load_bar = QProgressBar()
+        self.load_bar.setMaximumWidth(220)
+        self.load_bar.setRange(0, 1000)
+        self.load_bar.hide()
+        sb.addPermanentWidget(self.load_bar)
+        self.load_cancel = QPushButton("Cancel")
+        self.load_cancel.hide()
+        sb.addPermanentWidget(self.load_cancel)
+        self.drop_overlay = DropOverlay(self)
+
+        def action(text: str, keys: Any, slot: Any) -> QAction:
+            act = QAction(text, self)
+            act.setShortcut(QKeySequence(keys))
+            act.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+            act.triggered.connect(slot)
+            self.addAction(act)
+            return act
+
+        self.new_action = action("New chat", QKeySequence.StandardKey.New, self.new_chat)
+        self.attach_action = action("Attach…", QKeySequence.StandardKey.Open, self.attach_dialog)
+        self.stop_action = action("Stop", Qt.Key.Key_Escape, self.stop)
+        self.settings_action = action("Settings", QKeySequence("Ctrl+,"), self.show_settings)
+
+    def _wire(self) -> None:
+        e = self.engine
+        e.modelLoading.connect(self._on_model_loading)
+        e.modelLoaded.connect(self._on_model_loaded)
+        e.documentReady.connect(self._on_document_ready)
+        e.engineEvent.connect(self._on_engine_event)
+        e.failed.connect(self._on_failed)
+        e.jobDone.connect(self._on_job_done)
+        cl = self.chat_list
+        cl.newRequested.connect(self.new_chat)
+        cl.chatSelected.connect(self.open_chat)
+        cl.renameRequested.connect(self._on_rename)
+        cl.deleteRequested.connect(self._on_delete)
+        cl.exportRequested.connect(self._on_export)
+        cl.searchChanged.connect(self._on_search)
+        self.composer.sendRequested.connect(self.send)
+        self.composer.stopRequested.connect(self.stop)
+        self.composer.attachRequested.connect(self.attach_dialog)
+        self.prefill_strip.cancelRequested.connect(self.stop)
+        self.chips.removeRequested.connect(self._on_remove_document)
+        self.chat_view.regenerateRequested.connect(self.regenerate)
+        self.settings_panel.settingsChanged.connect(self._on_settings_changed)
+        self.settings_panel.colorLevelsChanged.connect(self.chat_view.set_color_levels)
+        self.settings_panel.systemPromptChanged.connect(self._on_system_prompt)
+        self.model_button.clicked.connect(self.choose_model)
+        self.load_cancel.clicked.connect(self.engine.cancel_load)
+        app = QApplication.instance()
+        if app is not None:
+            app.styleHints().colorSchemeChanged.connect(lambda _s: self._apply_theme())
+
+    # ----------------------------------------------------------------------------- public actions
+
+    def load_model(self, spec: str, draft: str = "ngram") -> None:
+        """Load `spec` off the GUI thread (progress in the status bar)."""
+        self.model = None
+        self._load_job = self.engine.load(spec, draft)
+        self._jobs[self._load_job] = "load"
+        self._set_model_status(f"Loading {spec}…")
+        self.load_bar.setRange(0, 0)
+        self.load_bar.show()
+        self.load_cancel.show()
+        self.model_button.setEnabled(False)
+
+    def new_chat(self) -> None:
+        """An empty chat; it is created in the store with its first message or document."""
+        self._leave_chat()
+        self.chat_id = None
+        self.messages = []
+        self.documents = []
+        self.chips.clear()
+        self.chat_view.clear()
+        self.title_label.setText("New chat")
+        self.chat_list.select(None)
+        self._update_context_label()
+        self.composer.edit.setFocus()
+
+    def open_chat(self, chat_id: int) -> None:
+        if chat_id == self.chat_id:
+            return
+        self._leave_chat()
+        self.chat_id = chat_id
+        stored = self.repo.messages(chat_id)
+        self.messages = to_chat_messages(stored)
+        self.chat_view.clear()
+        for m in stored:
+            if m.role in ("user", "assistant"):
+                self.chat_view.add_message(m.role, m.text, str(m.stats.get("footer", "")), store_index=m.idx,
+                                           segments=segments_from_spans(m.text, m.level_spans))
+        self.chips.clear()
+        self.documents = []
+        for doc in self.repo.documents(chat_id, self.model.model_id if self.model else ""):
+            self._attach(doc, doc.meta.get("tokens"), sha256=doc.meta.get("sha256"))
+        self._count_uncounted()
+        self.title_label.setText(self.repo.title(chat_id))
+        saved = self.repo.get_settings(chat_id)
+        if saved:
+            settings = settings_from_dict(saved.get("decode", {}), self.settings_panel.settings())
+            self.settings_panel.set_settings(settings)
+            self.settings_panel.set_system_prompt(saved.get("system", ""))
+            self._apply_settings(self.settings_panel.settings(), persist_chat=False)
+        self.chat_list.select(chat_id)
+        self._update_context_label()
+
+    def send(self, text: str) -> None:
+        """Save the question, show it, and stream the answer."""
+        text = text.strip()
+        if not text or self._stream_job:
+            return
+        self.settings_panel.flush()
+        chat_id = self._ensure_chat(text)
+        index = self.repo.add_message(chat_id, "user", text)  # saved before it is sent (crash-safe)
+        self._persist_pending_documents()
+        self.messages.append(ChatMessage("user", text))
+        self.chat_view.add_message("user", text, store_index=index)
+        self._start_stream(chat_id)
+        self._refresh_chats()
+
+    def regenerate(self) -> None:
+        """Drop the last answer and ask again (the engine reuses the cached prefix)."""
+        if self._stream_job or not self.messages or self.messages[-1].role != "assistant" or self.chat_id is None:
+            return
+        stored = self.repo.messages(self.chat_id)
+        last = next((m for m in reversed(stored) if m.role == "assistant"), None)
+        if last is not None:
+            self.repo.delete_messages_from(self.chat_id, last.idx)
+        self.messages.pop()
+        self.chat_view.remove_last("assistant")
+        self._start_stream(self.chat_id)
+
+    def stop(self) -> None:
+        """Esc / Stop / Cancel: stop the running answer or prefill (the engine honours it within a step)."""
+        for job, kind in list(self._jobs.items()):
+            if kind in ("stream", "ingest", "prefill"):
+                self.engine.cancel(job)
+        self.prefill_strip.cancel.setEnabled(False)
+
+    def attach_dialog(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(
+            self, "Attach documents", str(Path.home()),
+            "Documents (*.txt *.md *.markdown *.pdf *.docx *.epub *.html *.htm *.rst *.csv *.tsv *.log);;All files (*)")
+        for path in paths:
+            self.attach_file(path)
+
+    def attach_file(self, path: str) -> None:
+        """Read, count, check and prefill a document (all in the worker)."""
+        conversation = Conversation(tuple(self.messages), tuple(a.document for a in self.documents),
+                                    self._system_prompt())
+        job = self.engine.ingest(path, conversation)
+        self._jobs[job] = "ingest"
+        self.prefill_strip.start(f"Reading {Path(path).name}")
+        self._prefill_job_shown = job
+
+    def show_settings(self) -> None:
+        self.right.setCurrentWidget(self.settings_panel)
+        self.right.show()
+        self.settings_panel.setFocus()
+
+    def choose_model(self) -> None:
+        from app.model_picker import ModelPicker
+        dialog = ModelPicker(self, current=self.model.spec if self.model else None)
+        dialog.modelChosen.connect(self._on_model_chosen)
+        dialog.open()
+        self._picker = dialog
+
+    def is_busy(self) -> bool:
+        return any(kind in ("stream", "ingest", "prefill", "load") for kind in self._jobs.values())
+
+    # ----------------------------------------------------------------------------- engine events
+
+    def _on_model_loading(self, p: LoadProgress) -> None:
+        if p.job != self._load_job:
+            return
+        self._set_model_status(p.stage)
+        if p.fraction is None:
+            self.load_bar.setRange(0, 0)
+        else:
+            self.load_bar.setRange(0, 1000)
+            self.load_bar.setValue(round(1000 * max(0.0, min(1.0, p.fraction))))
+
+    def _on_model_loaded(self, job: int, info: ModelInfo) -> None:
+        if job != self._load_job:
+            return
+        self.model = info
+        self.prefs.setValue("model/spec", info.spec)
+        self.chat_view.set_model_name(info.name)
+        self.settings_panel.set_context(info.max_context)
+        self.cache_panel.set_context(info.max_context)
+        session = self.engine.session()
+        if session is not None:
+            self.settings_panel.set_settings(session.settings)
+            self.cache_panel.set_settings(session.settings)
+        self._set_model_status(f"{info.name} · {info.device} · {info.max_context:,}-token context · drafter: {info.draft}")
+        self.model_button.setText(f"{info.name}  ▾")
+        if self.chat_id is not None:  # token counts depend on the tokenizer: use this model's
+            known = {d.meta.get("sha256"): d.meta.get("tokens") for d in self.repo.documents(self.chat_id, info.model_id)}
+            for a in self.documents:
+                a.tokens = known.get(a.sha256) if a.saved else a.tokens
+                chip = self.chips.find(a.key)
+                if chip:
+                    chip.set_tokens(a.tokens)
+        self._count_uncounted()
+        self._update_context_label()
+        self.modelReady.emit(info)
+
+    def _on_document_ready(self, ev: DocumentReady) -> None:
+        if ev.job == self._count_job:
+            for a in self.documents:
+                if a.document == ev.document and a.tokens is None:
+                    a.tokens = ev.tokens
+                    chip = self.chips.find(a.key)
+                    if chip:
+                        chip.set_tokens(ev.tokens)
+                    if a.saved and self.chat_id is not None and self.model is not None:
+                        self.repo.set_token_count(self.chat_id, a.sha256, self.model.model_id, ev.tokens)
+            self._update_context_label()
+            return
+        if self._jobs.get(ev.job) != "ingest":
+            return
+        doc = DocumentText(ev.document.title, ev.document.text, ev.document.source,
+                           {**(ev.document.meta or {}), "tokens": ev.tokens})
+        attached = self._attach(doc, ev.tokens, sha256=None)
+        self._ingest_docs[ev.job] = attached
+        self.prefill_strip.start(f"Reading {doc.title}")
+        self.documentAdded.emit(attached)
+        self._update_context_label()
+
+    def _on_engine_event(self, job: int, ev: Any) -> None:
+        kind = self._jobs.get(job)
+        if kind is None:
+            return
+        if isinstance(ev, PrefillProgress):
+            if kind == "stream" and ev.total < SHOW_PREFILL_MIN_TOKENS and self._prefill_job_shown != job:
+                return
+            if self._prefill_job_shown != job:
+                self.prefill_strip.start("Reading the conversation")
+                self._prefill_job_shown = job
+            self.prefill_strip.update_progress(ev.done, ev.total, ev.reused, ev.eta_s)
+            if ev.done >= ev.total and kind == "stream":
+                self.prefill_strip.finish()
+        elif isinstance(ev, TokenText):
+            if kind == "stream":
+                if self.prefill_strip.isVisible() and self._prefill_job_shown == job:
+                    self.prefill_strip.finish()
+                self._on_tokens(ev)
+        elif isinstance(ev, Metrics):
+            self.acceptance_panel.update_metrics(ev)
+            self.cache_panel.update_metrics(ev)
+        elif isinstance(ev, Finished):
+            if ev.metrics is not None:
+                self.acceptance_panel.update_metrics(ev.metrics)
+                self.cache_panel.update_metrics(ev.metrics)
+            if kind == "stream":
+                self._finish_answer(job, ev)
+            else:
+                self._finish_prefill(job, ev)
+
+    def _on_tokens(self, ev: TokenText) -> None:
+        if self._answer_chat == self.chat_id:
+            self.chat_view.append_tokens(ev.text, int(ev.level))
+        self._partial_text += ev.text
+        now = time.monotonic()
+        self._partial_segments.append((ev.text, int(ev.level)))
+        if now - self._answer_saved_at >= PARTIAL_SAVE_INTERVAL_S:
+            self._save_answer(self._partial_text, {"partial": True, "footer": "interrupted — partial answer"})
+            self._answer_saved_at = now
+
+    def _finish_answer(self, job: int, ev: Finished) -> None:
+        text = ev.text if ev.text else self._partial_text
+        chat = self._answer_chat
+        visible = chat == self.chat_id
+        self._stream_job = 0
+        self.composer.set_generating(False)
+        if self._prefill_job_shown == job:
+            self.prefill_strip.finish()
+        if ev.reason == FinishReason.ERROR:
+            if text.strip():
+                self._save_answer(text, {"partial": True, "error": ev.message, "footer": "stopped by an error"})
+            elif self._answer_index is not None:
+                self.repo.delete_messages_from(chat, self._answer_index)
+            if visible:
+                if text.strip():
+                    self.chat_view.finish_answer(text, "stopped by an error")
+                    self._append_message(chat, "assistant", text)
+                else:
+                    self.chat_view.drop_streaming()
+                self._show_error(ev.message or "The answer failed.")
+        elif not text.strip():
+            # nothing came out (stopped before the first token): keep the store as it was
+            if self._answer_index is not None:
+                self.repo.delete_messages_from(chat, self._answer_index)
+            if visible:
+                self.chat_view.drop_streaming()
+        else:
+            partial = ev.reason == FinishReason.CANCELLED
+            footer = self._footer(ev)
+            meta = {"partial": True} if partial else {}
+            meta["footer"] = footer
+            meta["reason"] = ev.reason.value
+            self._save_answer(text, meta)
+            self._append_message(chat, "assistant", text)
+            if visible:
+                self.chat_view.finish_answer(text, footer)
+        self._answer_chat = None
+        self._answer_index = None
+        self._refresh_chats()
+        self.answerFinished.emit(ev)
+
+    def _finish_prefill(self, job: int, ev: Finished) -> None:
+        if self._prefill_job_shown == job:
+            self.prefill_strip.finish()
+        attached = self._ingest_docs.pop(job, None)
+        if attached is None:
+            self.prefillFinished.emit(ev)
+            return
+        if ev.reason == FinishReason.CANCELLED and not attached.saved:
+            self._detach(attached)
+            self._notice(f"Stopped reading “{attached.document.title}”; it was not added to the chat.")
+        elif ev.reason == FinishReason.ERROR:
+            if not attached.saved:
+                self._detach(attached)
+            self._show_error(ev.message or f"Could not read “{attached.document.title}”.")
+        else:
+            self._persist_document(attached)
+        self.prefillFinished.emit(ev)
+
+    def _on_failed(self, f: JobFailed) -> None:
+        kind = self._jobs.get(f.job, f.kind)
+        if kind == "load":
+            if f.job != self._load_job:
+                return
+            self.load_bar.hide()
+            self.load_cancel.hide()
+            self.model_button.setEnabled(True)
+            cancelled = type(f.error).__name__.endswith("Cancelled")
+            self._set_model_status("Model loading cancelled" if cancelled else "No model loaded")
+            if not cancelled:
+                self._show_error(f"Could not load the model: {f.message}", f.details)
+            return
+        if kind == "stream":
+            self._finish_answer(f.job, Finished(FinishReason.ERROR, "", f.message))
+            if f.details:
+                log.error("stream failed: %s", f.details)
+            return
+        if kind == "ingest":
+            if self._prefill_job_shown == f.job:
+                self.prefill_strip.finish()
+            attached = self._ingest_docs.pop(f.job, None)
+            if attached is not None and not attached.saved:
+                self._detach(attached)
+            if isinstance(f.error, ContextOverflowError):
+                self._show_overflow(f)
+            else:
+                name = Path(f.path).name if f.path else "the document"
+                self._show_error(f.message if f.user_error else f"Could not add {name}: {f.message}", f.details)
+            self.prefillFinished.emit(Finished(FinishReason.ERROR, "", f.message))
+            return
+        if kind == "prefill":
+            self.prefill_strip.finish()
+        self._show_error(f.message, f.details)
+
+    def _on_job_done(self, job: int) -> None:
+        kind = self._jobs.pop(job, None)
+        if kind == "load":
+            self.load_bar.hide()
+            self.load_cancel.hide()
+            self.model_button.setEnabled(True)
+        if kind == "stream" and self._stream_job == job:  # the engine ended without Finished
+            self._finish_answer(job, Finished(FinishReason.ERROR, "", "The answer ended unexpectedly."))
+        if not any(k in ("ingest", "prefill") for k in self._jobs.values()):
+            self.prefill_strip.finish()
+
+    # ----------------------------------------------------------------------------- helpers
+
+    def _start_stream(self, chat_id: int) -> None:
+        self._answer_chat = chat_id
+        self._answer_index = None
+        self._answer_saved_at = time.monotonic()
+        self._partial_text = ""
+        self._partial_segments: list[tuple[str, int]] = []
+        self.acceptance_panel.start_answer()
+        self.chat_view.start_answer()
+        conversation = Conversation(tuple(self.messages), tuple(a.document for a in self.documents),
+                                    self._system_prompt())
+        self._stream_job = self.engine.stream(conversation)
+        self._jobs[self._stream_job] = "stream"
+        self.composer.set_generating(True)
+
+    def _save_answer(self, text: str, meta: dict) -> None:
+        chat = self._answer_chat
+        if chat is None:
+            return
+        segments = self._partial_segments if "".join(t for t, _ in self._partial_segments) == text else ()
+        if self._answer_index is None:
+            self._answer_index = self.repo.add_message(chat, "assistant", text, meta, segments)
+        else:
+            self.repo.update_message(chat, self._answer_index, text, meta, segments)
+
+    def _append_message(self, chat: int | None, role: str, text: str) -> None:
+        if chat == self.chat_id:
+            self.messages.append(ChatMessage(role, text))
+
+    def _ensure_chat(self, first_text: str) -> int:
+        if self.chat_id is None:
+            title = chat_title(first_text)
+            self.chat_id = self.repo.create_chat(title, self.model.spec if self.model else "",
+                                                 self._chat_settings_dict())
+            self.title_label.setText(title)
+            self._refresh_chats()
+        return self.chat_id
+
+    def _attach(self, doc: DocumentText, tokens: int | None, sha256: str | None) -> AttachedDocument:
+        self._doc_counter += 1
+        attached = AttachedDocument(self._doc_counter, doc, tokens, sha256)
+        self.documents.append(attached)
+        self.chips.add(attached.key, doc.title, tokens)
+        return attached
+
+    def _detach(self, attached: AttachedDocument) -> None:
+        if attached in self.documents:
+            self.documents.remove(attached)
+        self.chips.remove(attached.key)
+        self._update_context_label()
+
+    def _persist_document(self, attached: AttachedDocument) -> None:
+        if attached.saved:
+            return
+        chat_id = self._ensure_chat(attached.document.title)
+        attached.sha256 = self.repo.add_document(chat_id, attached.document,
+                                                 self.model.model_id if self.model else "", attached.tokens)
+        self._refresh_chats()
+
+    def _persist_pending_documents(self) -> None:
+        for attached in self.documents:
+            if not attached.saved:
+                self._persist_document(attached)
+
+    def _on_remove_document(self, key: int) -> None:
+        attached = next((a for a in self.documents if a.key == key), None)
+        if attached is None:
+            return
+        for job, doc in list(self._ingest_docs.items()):
+            if doc is attached:
+                self.engine.cancel(job)
+        if attached.saved and self.chat_id is not None:
+            try:
+                self.repo.remove_document(self.chat_id, attached.sha256)
+            except UserError as exc:
+                self._show_error(f"Could not remove the document: {exc}")
+                return
+        self._detach(attached)
+
+    def _count_uncounted(self) -> None:
+        uncounted = [a.document for a in self.documents if a.tokens is None]
+        if uncounted and self.model is not None:
+            self._count_job = self.engine.count(uncounted)
+
+    def _leave_chat(self) -> None:
+        """Switching away: stop this chat's answer/prefill (the partial answer is saved)."""
+        self.stop()
+
+    def _footer(self, ev: Finished) -> str:
+        m = ev.metrics
+        parts = []
+        if ev.reason == FinishReason.CANCELLED:
+            parts.append("stopped — partial answer")
+        elif ev.reason == FinishReason.LENGTH:
+            parts.append("reached the answer length limit")
+        if m is not None:
+            if m.new_tokens:
+                parts.append(f"{m.new_tokens:,} tokens")
+            if m.decode_tokens_per_s:
+                parts.append(f"{m.decode_tokens_per_s:.1f} tok/s")
+            if m.time_to_first_token_s is not None:
+                parts.append(f"first token {fmt_seconds(m.time_to_first_token_s)}")
+            if m.mean_accepted_per_verify:
+                parts.append(f"{m.mean_accepted_per_verify:.2f} accepted/verify")
+            parts.append(m.mode)
+        return " · ".join(parts)
+
+    def _system_prompt(self) -> str | None:
+        return self.settings_panel.system_prompt() or None
+
+    def _chat_settings_dict(self) -> dict:
+        return {"decode": settings_to_dict(self.settings_panel.settings()), "system": self.settings_panel.system_prompt()}
+
+    def _on_settings_changed(self, settings: DecodeSettings) -> None:
+        self._apply_settings(settings, persist_chat=True)
+
+    def _apply_settings(self, settings: DecodeSettings, persist_chat: bool) -> None:
+        try:
+            self.engine.apply_settings(settings)
+        except UserError as exc:
+            self.settings_panel.show_error(str(exc))
+            return
+        self.settings_panel.show_error("")
+        self.cache_panel.set_settings(settings)
+        self.prefs.setValue("decode/settings", _json(settings_to_dict(settings)))
+        if persist_chat and self.chat_id is not None:
+            self.repo.set_settings(self.chat_id, self._chat_settings_dict())
+
+    def _on_system_prompt(self, _text: str) -> None:
+        if self.chat_id is not None:
+            self.repo.set_settings(self.chat_id, self._chat_settings_dict())
+
+    def _on_model_chosen(self, spec: str, draft: str) -> None:
+        self.stop()
+        self.load_model(spec, draft)
+
+    def _on_rename(self, chat_id: int, title: str) -> None:
+        self.repo.rename_chat(chat_id, title)
+        if chat_id == self.chat_id:
+            self.title_label.setText(title)
+        self._refresh_chats()
+
+    def _on_delete(self, chat_id: int) -> None:
+        if chat_id == self.chat_id:
+            self.new_chat()
+        self.repo.delete_chat(chat_id)
+        self._refresh_chats()
+
+    def _on_export(self, chat_id: int, fmt: str) -> None:
+        suffix = ".md" if fmt == "markdown" else ".json"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(Path.home() / f"chat{suffix}"))
+        if path:
+            try:
+                Path(path).write_text(self.repo.export(chat_id, fmt), encoding="utf-8")
+            except (OSError, UserError) as exc:
+                self._show_error(f"Could not export: {exc}")
+
+    def _on_search(self, text: str) -> None:
+        self._search = text
+        self._refresh_chats()
+
+    def _refresh_chats(self) -> None:
+        chats = self.repo.list_chats(self._search or None)
+        self.chat_list.set_chats([ChatEntry(c.id, c.title, _chat_subtitle(c)) for c in chats], self.chat_id)
+
+    def _update_context_label(self) -> None:
+        doc_tokens = sum(a.tokens or 0 for a in self.documents)
+        if self.model is None:
+            self.context_label.setText(f"{doc_tokens:,} document tokens" if doc_tokens else "")
+            return
+        self.context_label.setText(f"{doc_tokens:,} / {self.model.max_context:,} tokens in documents"
+                                   if self.documents else f"{self.model.max_context:,}-token context")
+
+    def _set_model_status(self, text: str) -> None:
+        self.status_label.setText(text)
+
+    def _show_error(self, message: str, details: str = "") -> None:
+        """User errors and bugs alike appear in the chat; the app keeps working."""
+        if details:
+            log.error("%s\n%s", message, details)
+            message = f"{message}\n\n(The full traceback is in the log.)"
+        self.chat_view.add_error(message)
+        self.errorShown.emit(message)
+
+    def _notice(self, message: str) -> None:
+        w = self.chat_view.add_message("notice", message)
+        w.header.setText("Note")
+
+    def _show_overflow(self, f: JobFailed) -> None:
+        """A document that does not fit: the numbers and the ways out; nothing was cut or added."""
+        text = f"{f.message}\n\nNothing was added to the chat."
+        self._show_error(text)
+        box = QMessageBox(QMessageBox.Icon.Warning, "Document does not fit", f.message, parent=self)
+        box.setInformativeText("You can pick a model with a longer context, or give the cache a larger memory "
+                               "budget (Model… shows what fits where). Nothing was cut and nothing was added.")
+        other = box.addButton("Choose another model…", QMessageBox.ButtonRole.AcceptRole)
+        box.addButton(QMessageBox.StandardButton.Close)
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        box.buttonClicked.connect(lambda b: self.choose_model() if b is other else None)
+        box.open()
+        self._overflow_box = box
+
+    def _apply_theme(self) -> None:
+        app = QApplication.instance()
+        if app is not None:
+            self.colors = theme.apply_theme(app)
+            self.chat_view.set_colors(self.colors)
+            self.acceptance_panel.set_colors(self.colors)
+
+    # ----------------------------------------------------------------------------- Qt events
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802
+        if event.mimeData().hasUrls() and any(u.isLocalFile() for u in event.mimeData().urls()):
+            event.acceptProposedAction()
+            self.drop_overlay.setGeometry(self.rect().adjusted(16, 16, -16, -16))
+            self.drop_overlay.raise_()
+            self.drop_overlay.show()
+
+    def dragLeaveEvent(self, event) -> None:  # noqa: N802
+        self.drop_overlay.hide()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802
+        self.drop_overlay.hide()
+        paths = [u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()]
+        if not paths:
+            return
+        event.acceptProposedAction()
+        for path in paths:
+            self.attach_file(path)
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        self.shutdown()
+        super().closeEvent(event)
+
+    def shutdown(self) -> None:
+        """Stop the engine thread (quit + wait), the sampler, and close the store. Idempotent."""
+        if self._closing:
+            return
+        self._closing = True
+        self.settings_panel.flush()
+        self.engine.shutdown()
+        self.memory.stop()
+        self.prefs.sync()
+        self.repo.close()
+
+
+def _chat_subtitle(c: Any) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
+    return f"{c.message_count} messages · {when}"
+
+
+def chat_title(text: str, limit: int = 60) -> str:
+    """A chat's title from its first message: one line, no Markdown marks, cut at a word."""
+    plain = " ".join(text.replace("**", "").replace("`", "").replace("#", "").split())
+    if len(plain) > limit:
+        plain = plain[:limit].rsplit(" ", 1)[0] + "…"
+    return plain or "New chat"
+
+
+def _json(d: dict) -> str:
+    import json
+    return json.dumps(d)
+
+
+def run_app(argv: list[str] | None = None) -> int:
+    """Start the desktop app. The model comes from $TRIFORCE_MODEL (default: the bundled one)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv if argv is None else argv)
+    QApplication.setApplicationName(APP)
+    QApplication.setOrganizationName(ORG)
+    QApplication.setDesktopFileName("triforce-chat")
+    app = QApplication.instance() or QApplication(argv)
+    app.setWindowIcon(app_icon())
+    theme.apply_theme(app)
+    prefs = app_settings()
+    spec = os.environ.get("TRIFORCE_MODEL") or prefs.value("model/spec", "bundled", type=str) or "bundled"
+    try:
+        window = MainWindow(spec, settings=prefs)
+    except UserError as exc:  # e.g. the chat store cannot be opened
+        QMessageBox.critical(None, "TriForce Chat", str(exc))
+        return 2
+    window.show()
+    return app.exec()
+
+
+if __name__ == "__main__":
+    sys.exit(run_app())

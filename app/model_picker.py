@@ -1,0 +1,274 @@
+"""Choose a model: the bundled one, the presets, models on this computer, a folder, a .gguf file,
+or a Hugging Face repo id (downloaded with progress when loaded). Before loading, the planner's
+plan shows what goes where and whether it fits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
+                               QLineEdit, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton, QSpinBox,
+                               QSplitter, QVBoxLayout, QWidget)
+
+from engine.errors import UserError
+from engine.presets import BUNDLED_ID, PRESETS
+
+PROFILES = (("auto", "This computer (detected)"), ("cpu", "CPU only"), ("4090", "One RTX 4090 (24 GB)"),
+            ("4090x2", "Two RTX 4090s (2 × 24 GB)"))
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    label: str
+    spec: str  # what load_model gets
+    draft: str  # "ngram" or a model spec
+    shape_spec: str  # what the planner reads the shape from
+    note: str = ""
+
+
+def builtin_choices() -> list[ModelChoice]:
+    out = [ModelChoice("SmolLM2-135M-Instruct (bundled)", "bundled", "ngram", BUNDLED_ID,
+                       "Ships with the app; runs on any CPU; n-gram drafting")]
+    for p in PRESETS:
+        if p.target == BUNDLED_ID:
+            continue
+        draft = p.draft or "ngram"
+        short = p.target.split("/")[-1]
+        label = f"{short}  +  {p.draft.split('/')[-1]}" if p.draft else short
+        out.append(ModelChoice(label, p.target, draft, p.target, f"{p.note} · downloads from Hugging Face"))
+    return out
+
+
+def local_choices() -> list[ModelChoice]:
+    try:
+        from engine.model_store import list_local_models
+        models = list_local_models()
+    except Exception:  # noqa: BLE001 - a broken cache folder must not break the picker
+        return []
+    out = []
+    for m in models:
+        if m.source == "bundled":
+            continue
+        size = f"{m.size_bytes / 1e9:.1f} GB" if m.size_bytes >= 1e8 else f"{m.size_bytes / 1e6:.0f} MB"
+        out.append(ModelChoice(f"{m.name}  ({m.source})", str(m.path), "ngram", str(m.path),
+                               f"{m.model_type} · {size} · {m.path}"))
+    return out
+
+
+class ModelPicker(QDialog):
+    """Emits `modelChosen(spec, draft)` on Load; the main window loads it in the worker."""
+
+    modelChosen = Signal(str, str)
+
+    def __init__(self, parent: QWidget | None = None, current: str | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Choose a model")
+        self.resize(900, 560)
+        lay = QVBoxLayout(self)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
+        self.list = QListWidget()
+        ll.addWidget(self.list, 1)
+        row = QHBoxLayout()
+        self.open_folder = QPushButton("Open folder…")
+        self.open_gguf = QPushButton("Open .gguf…")
+        row.addWidget(self.open_folder)
+        row.addWidget(self.open_gguf)
+        ll.addLayout(row)
+        hub = QHBoxLayout()
+        self.repo_id = QLineEdit()
+        self.repo_id.setPlaceholderText("Hugging Face repo id, e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
+        self.use_repo = QPushButton("Use")
+        hub.addWidget(self.repo_id, 1)
+        hub.addWidget(self.use_repo)
+        ll.addLayout(hub)
+        split.addWidget(left)
+
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(8, 0, 0, 0)
+        self.title = QLabel()
+        f = self.title.font()
+        f.setBold(True)
+        f.setPointSizeF(f.pointSizeF() * 1.15)
+        self.title.setFont(f)
+        rl.addWidget(self.title)
+        self.note = QLabel()
+        self.note.setObjectName("muted")
+        self.note.setWordWrap(True)
+        rl.addWidget(self.note)
+        form = QFormLayout()
+        self.profile = QComboBox()
+        for key, label in PROFILES:
+            self.profile.addItem(label, key)
+        self.context = QSpinBox()
+        self.context.setRange(256, 1 << 20)
+        self.context.setSingleStep(4096)
+        self.context.setSuffix(" tokens")
+        self.context.setToolTip("How many tokens (documents + conversation + answer) to plan the cache for")
+        form.addRow("Plan for", self.profile)
+        form.addRow("Context", self.context)
+        rl.addLayout(form)
+        self.verdict = QLabel()
+        self.verdict.setWordWrap(True)
+        rl.addWidget(self.verdict)
+        self.plan_text = QPlainTextEdit()
+        self.plan_text.setReadOnly(True)
+        self.plan_text.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.plan_text.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        rl.addWidget(self.plan_text, 1)
+        split.addWidget(right)
+        split.setSizes([330, 570])
+        lay.addWidget(split, 1)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
+        self.load_button = self.buttons.addButton("Load", QDialogButtonBox.ButtonRole.AcceptRole)
+        self.load_button.setObjectName("primary")
+        self.buttons.accepted.connect(self._on_load)
+        self.buttons.rejected.connect(self.reject)
+        lay.addWidget(self.buttons)
+
+        self._choices: list[ModelChoice] = []
+        self._add_section("Bundled & presets", builtin_choices())
+        self._add_section("On this computer", local_choices())
+        self._plan_timer = QTimer(self, singleShot=True, interval=120)
+        self._plan_timer.timeout.connect(self._update_plan)
+        self.list.currentItemChanged.connect(lambda *_: self._on_selected())
+        self.profile.currentIndexChanged.connect(lambda _i: self._plan_timer.start())
+        self.context.valueChanged.connect(lambda _v: self._plan_timer.start())
+        self.open_folder.clicked.connect(self._pick_folder)
+        self.open_gguf.clicked.connect(self._pick_gguf)
+        self.use_repo.clicked.connect(self._use_repo)
+        self.repo_id.returnPressed.connect(self._use_repo)
+        self._select(current)
+
+    def chosen(self) -> ModelChoice | None:
+        item = self.list.currentItem()
+        data = item.data(Qt.ItemDataRole.UserRole) if item else None
+        return data if isinstance(data, ModelChoice) else None
+
+    def add_choice(self, choice: ModelChoice) -> None:
+        """A folder, file or repo id the user typed: add it to the list and select it."""
+        item = QListWidgetItem(choice.label)
+        item.setData(Qt.ItemDataRole.UserRole, choice)
+        item.setToolTip(choice.note)
+        self.list.addItem(item)
+        self.list.setCurrentItem(item)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _add_section(self, title: str, choices: list[ModelChoice]) -> None:
+        if not choices:
+            return
+        header = QListWidgetItem(title.upper())
+        header.setFlags(Qt.ItemFlag.NoItemFlags)
+        f = header.font()
+        f.setBold(True)
+        f.setPointSizeF(f.pointSizeF() * 0.85)
+        header.setFont(f)
+        self.list.addItem(header)
+        for c in choices:
+            item = QListWidgetItem("   " + c.label)
+            item.setData(Qt.ItemDataRole.UserRole, c)
+            item.setToolTip(c.note)
+            self.list.addItem(item)
+
+    def _select(self, spec: str | None) -> None:
+        first = None
+        for i in range(self.list.count()):
+            c = self.list.item(i).data(Qt.ItemDataRole.UserRole)
+            if isinstance(c, ModelChoice):
+                first = first if first is not None else i
+                if spec and c.spec == spec:
+                    self.list.setCurrentRow(i)
+                    return
+        if first is not None:
+            self.list.setCurrentRow(first)
+
+    def _on_selected(self) -> None:
+        c = self.chosen()
+        self.load_button.setEnabled(c is not None)
+        if c is None:
+            return
+        self.title.setText(c.label.strip())
+        self.note.setText(c.note)
+        shape = self._shape(c.shape_spec)
+        if shape is not None:
+            blocked = self.context.blockSignals(True)
+            self.context.setValue(min(shape.max_context, 1 << 20))
+            self.context.blockSignals(blocked)
+        self._plan_timer.start()
+
+    @staticmethod
+    def _shape(spec: str):
+        try:
+            from engine.model_shape import shape_for
+            return shape_for(spec)
+        except (UserError, ImportError):
+            return None
+
+    def _update_plan(self) -> None:
+        c = self.chosen()
+        if c is None:
+            return
+        try:
+            from engine.model_shape import shape_for
+            from engine.planner import describe, plan_placement
+            target = shape_for(c.shape_spec)
+            draft = shape_for(c.draft) if c.draft not in ("ngram", "none") else None
+            settings = self._decode_settings()
+            context = min(self.context.value(), target.max_context)
+            budget = max(2 * settings.chunk, min(settings.budget, context) // settings.chunk * settings.chunk)
+            plan = plan_placement(target, draft, context, settings.replace(budget=budget),
+                                  self.profile.currentData(), raise_on_misfit=False)
+        except UserError as exc:
+            self._show_verdict(None, str(exc))
+            self.plan_text.setPlainText("")
+            return
+        except ImportError:
+            self._show_verdict(None, "The planner is not available in this build.")
+            return
+        self.plan_text.setPlainText(describe(plan))
+        if plan.fits:
+            f = plan.floors
+            self._show_verdict(True, f"Fits ({plan.mode}). Modelled speed: {f.tokens_per_s:.1f} tokens/s, "
+                                     f"{f.speedup_vs_ar:.1f}× plain decoding.")
+        else:
+            self._show_verdict(False, "Does not fit: " + "; ".join(map(str, plan.shortfalls))
+                               + ". Try a shorter context, a smaller model, or another device profile.")
+
+    def _decode_settings(self):
+        from engine.settings import DecodeSettings
+        parent = self.parent()
+        panel = getattr(parent, "settings_panel", None)
+        return panel.settings() if panel is not None else DecodeSettings()
+
+    def _show_verdict(self, fits: bool | None, text: str) -> None:
+        color = {True: "#2e8b57", False: "#c53b3b", None: ""}[fits]
+        self.verdict.setStyleSheet(f"color: {color}; font-weight: 600;" if color else "")
+        self.verdict.setText(text)
+
+    def _pick_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Model folder (config.json + *.safetensors)")
+        if path:
+            self.add_choice(ModelChoice(Path(path).name + "  (folder)", path, "ngram", path, path))
+
+    def _pick_gguf(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "GGUF model", "", "GGUF models (*.gguf)")
+        if path:
+            self.add_choice(ModelChoice(Path(path).name, path, "ngram", path, f"{path} · converted once on first load"))
+
+    def _use_repo(self) -> None:
+        repo = self.repo_id.text().strip()
+        if repo:
+            self.add_choice(ModelChoice(repo, repo, "ngram", repo, "downloads from Hugging Face when loaded"))
+
+    def _on_load(self) -> None:
+        c = self.chosen()
+        if c is not None:
+            self.modelChosen.emit(c.spec, c.draft)
+            self.accept()

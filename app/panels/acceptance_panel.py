@@ -1,0 +1,104 @@
+"""Per-level acceptance (L0->L1, L1->L2) with a live plot over the answer, and speed numbers."""
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
+
+from app.panels.common import Card, LabelledBar, fmt_rate, fmt_seconds
+from app.theme import Colors, colors
+from engine.events import Metrics
+
+LEVELS = (("l0_l1", "L0 → L1  draft accepted", "l0"), ("l1_l2", "L1 → L2  retrieval accepted", "l1"))
+
+
+class AcceptancePanel(Card):
+    """Rates as bars, their course over the current answer as a plot, and the speed figures."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Acceptance & speed", parent)
+        self.bars = {name: LabelledBar(label, level) for name, label, level in LEVELS}
+        for bar in self.bars.values():
+            self.body.addWidget(bar)
+        self.plot = pg.PlotWidget()
+        self.plot.setMinimumHeight(120)
+        self.plot.setMaximumHeight(170)
+        self.plot.setMenuEnabled(False)
+        self.plot.setMouseEnabled(x=False, y=False)
+        self.plot.hideButtons()
+        self.plot.setYRange(0, 1.0, padding=0.02)
+        self.plot.getPlotItem().setContentsMargins(0, 4, 4, 0)
+        self.plot.showGrid(x=False, y=True, alpha=0.15)
+        self.plot.setLabel("bottom", "answer tokens")
+        self.curves = {name: self.plot.plot([], []) for name, _l, _v in LEVELS}
+        self.body.addWidget(self.plot)
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(8)
+        grid.setVerticalSpacing(8)
+        self.stats: dict[str, QLabel] = {}
+        names = (("decode", "decode tok/s"), ("ttft", "first token"), ("per_verify", "accepted / verify"),
+                 ("prefill", "prefill tok/s"), ("tokens", "answer tokens"), ("mode", "mode"))
+        for i, (key, label) in enumerate(names):
+            tile = QVBoxLayout()
+            tile.setSpacing(0)
+            value = QLabel("–")
+            value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            f = value.font()
+            f.setPointSizeF(f.pointSizeF() * 1.3)
+            f.setBold(True)
+            value.setFont(f)
+            name = QLabel(label)
+            name.setObjectName("muted")
+            nf = name.font()
+            nf.setPointSizeF(nf.pointSizeF() * 0.85)
+            name.setFont(nf)
+            tile.addWidget(value)
+            tile.addWidget(name)
+            grid.addLayout(tile, i // 3, i % 3)
+            self.stats[key] = value
+        self.body.addLayout(grid)
+        self._points: dict[str, tuple[list[float], list[float]]] = {}
+        self._last: dict[str, tuple[int, int]] = {}
+        self.set_colors(colors())
+        self.start_answer()
+
+    def set_colors(self, c: Colors) -> None:
+        self.plot.setBackground(c.base)
+        for axis in ("left", "bottom"):
+            ax = self.plot.getAxis(axis)
+            ax.setPen(pg.mkPen(c.border))
+            ax.setTextPen(pg.mkPen(c.muted))
+        self.plot.getAxis("left").setTicks([[(0, "0"), (0.5, "50%"), (1.0, "100%")]])
+        self.curves["l0_l1"].setPen(pg.mkPen(c.level_l0, width=2))
+        self.curves["l1_l2"].setPen(pg.mkPen(c.level_l1, width=2))
+
+    def start_answer(self) -> None:
+        """Forget the previous answer's course (the bars keep the last totals until new numbers come)."""
+        self._points = {name: ([], []) for name, _l, _v in LEVELS}
+        self._last = {name: (0, 0) for name, _l, _v in LEVELS}
+        for curve in self.curves.values():
+            curve.setData([], [])
+
+    def update_metrics(self, m: Metrics) -> None:
+        for name, _label, _lv in LEVELS:
+            stats = m.level(name)
+            bar = self.bars[name]
+            if stats is None:
+                bar.set(0.0, "off" if m.mode != "triforce" else "–")
+                continue
+            bar.set(stats.rate, fmt_rate(stats.rate), f"{stats.accepted:,} of {stats.proposed:,} drafted tokens")
+            # plot the rate over the last interval: what is happening now, not the running mean
+            prev_p, prev_a = self._last[name]
+            if stats.proposed > prev_p:
+                xs, ys = self._points[name]
+                xs.append(float(m.new_tokens))
+                ys.append((stats.accepted - prev_a) / (stats.proposed - prev_p))
+                self.curves[name].setData(xs, ys)
+            self._last[name] = (stats.proposed, stats.accepted)
+        s = self.stats
+        s["decode"].setText("–" if m.decode_tokens_per_s is None else f"{m.decode_tokens_per_s:.1f}")
+        s["ttft"].setText(fmt_seconds(m.time_to_first_token_s))
+        s["prefill"].setText("–" if m.prefill_tokens_per_s is None else f"{m.prefill_tokens_per_s:,.0f}")
+        s["per_verify"].setText("–" if m.mean_accepted_per_verify is None else f"{m.mean_accepted_per_verify:.2f}")
+        s["tokens"].setText(f"{m.new_tokens:,}")
+        s["mode"].setText(m.mode)

@@ -1,0 +1,463 @@
+"""The one engine worker: a QObject on its own QThread that owns the model and the session.
+
+Commands come in as queued signals from `EngineController` (GUI thread); results go out as
+`Signal(object)` carrying the engine's frozen dataclasses. Two things are called directly
+from the GUI thread because the worker thread is busy inside a generation loop when they
+matter: `cancel()` (sets flags; `ChatSession.cancel()` is thread-safe) and
+`apply_settings()` (`ChatSession.update_settings()` takes effect at the next step).
+No widget is ever touched here.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from engine.errors import UserError
+from engine.events import ChatMessage, DocumentText, Finished, FinishReason, Metrics, PrefillProgress, TokenText
+from engine.settings import DecodeSettings
+
+log = logging.getLogger(__name__)
+
+TOKEN_INTERVAL_S = 0.05  # coalesce answer text: at most ~20 GUI updates a second
+METRICS_INTERVAL_S = 0.1  # panels: at most ~10 Hz
+PROGRESS_INTERVAL_S = 0.1
+
+
+# ----------------------------------------------------------------------------- messages
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the GUI needs to know about the loaded model."""
+
+    spec: str
+    name: str
+    model_id: str
+    device: str
+    max_context: int
+    draft: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    """Model resolution/download/conversion progress; `fraction` None means indeterminate."""
+
+    job: int
+    stage: str
+    fraction: float | None
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """What one prompt is made of: the chat's messages, its documents, the system prompt."""
+
+    messages: tuple[ChatMessage, ...]
+    documents: tuple[DocumentText, ...] = ()
+    system: str | None = None
+
+
+@dataclass(frozen=True)
+class DocumentReady:
+    """A document was read, counted and fits; the prefill that follows belongs to the same job."""
+
+    job: int
+    path: str
+    document: DocumentText
+    tokens: int
+
+
+@dataclass(frozen=True)
+class JobFailed:
+    """A command failed. `user_error`: show `message` and carry on; otherwise it is a bug (`details`)."""
+
+    job: int
+    kind: str  # "load", "ingest", "stream", "prefill", "count"
+    message: str
+    user_error: bool
+    details: str = ""
+    error: BaseException | None = field(default=None, compare=False)
+    path: str = ""
+
+
+# ----------------------------------------------------------------------------- backend
+
+class EngineBackend:
+    """How the worker builds a session. Swappable in tests; the default uses the real engine."""
+
+    def load(self, spec: str, progress: Callable[[str, float | None], None],
+             cancel: Callable[[], bool]) -> Any:
+        from engine.model import load_model
+        return load_model(spec, progress=progress, cancel=cancel)
+
+    def session(self, target: Any, settings: DecodeSettings, draft: Any) -> Any:
+        from engine.session import ChatSession
+        return ChatSession(target, settings, draft=draft, snapshots=self.snapshots())
+
+    def snapshots(self) -> Any:
+        """The prefilled-book snapshot store, if the engine has one (an optimisation only)."""
+        return None
+
+    def read_document(self, path: str) -> DocumentText:
+        from engine.documents import read_document
+        return read_document(path)
+
+
+def _model_info(spec: str, target: Any, draft: Any) -> ModelInfo:
+    folder = getattr(target, "folder", None)
+    name = getattr(folder, "name", None) or str(spec)
+    model_id = getattr(folder, "model_id", None) or name
+    source = str(getattr(folder, "source", "") or "")
+    draft_name = draft if isinstance(draft, str) else getattr(getattr(draft, "folder", None), "name", "model")
+    return ModelInfo(spec=spec, name=str(name), model_id=str(model_id), device=str(getattr(target, "device", "cpu")),
+                     max_context=int(getattr(target, "max_context", 0) or 0), draft=str(draft_name), source=source)
+
+
+# ----------------------------------------------------------------------------- worker
+
+class EngineWorker(QObject):
+    """Lives on the engine thread. Slots run there; signals are delivered queued to the GUI."""
+
+    modelLoading = Signal(object)  # LoadProgress
+    modelLoaded = Signal(int, object)  # job, ModelInfo
+    documentReady = Signal(object)  # DocumentReady
+    engineEvent = Signal(int, object)  # job, PrefillProgress | TokenText | Metrics | Finished
+    failed = Signal(object)  # JobFailed
+    jobStarted = Signal(int, str)  # job, kind
+    jobDone = Signal(int)
+
+    def __init__(self, backend: EngineBackend | None = None, settings: DecodeSettings | None = None) -> None:
+        super().__init__()
+        self._backend = backend or EngineBackend()
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._target: Any = None
+        self._settings = settings or DecodeSettings()
+        self._active_job = 0
+        self._cancelled: set[int] = set()
+        self._load_cancel = threading.Event()
+
+    # --- called directly from the GUI thread (thread-safe) -------------------------------
+
+    def cancel(self, job: int | None = None) -> None:
+        """Stop `job` (default: whatever runs now). Honoured within one engine step."""
+        with self._lock:
+            job = self._active_job if job is None else job
+            if job:
+                self._cancelled.add(job)
+            session = self._session if job == self._active_job else None
+        if session is not None:
+            session.cancel()
+
+    def cancel_load(self) -> None:
+        self._load_cancel.set()
+
+    def apply_settings(self, settings: DecodeSettings) -> None:
+        """Hand new settings to the session; it validates them and uses them at the next step.
+
+        Raises InvalidSettingError (a UserError) when the combination is invalid.
+        """
+        with self._lock:
+            session = self._session
+            if session is None:
+                settings.validate()
+                self._settings = settings
+                return
+        session.update_settings(settings)
+        with self._lock:
+            self._settings = settings
+
+    def session(self) -> Any:
+        """The live session (tests read its settings/metrics); None before a model is loaded."""
+        with self._lock:
+            return self._session
+
+    # --- slots (engine thread) -----------------------------------------------------------
+
+    @Slot(int, str, str)
+    def load_model(self, job: int, spec: str, draft_spec: str) -> None:
+        self.jobStarted.emit(job, "load")
+        self._begin(job)
+        self._load_cancel.clear()
+        last = [0.0]
+
+        def progress(stage: str, fraction: float | None) -> None:
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_INTERVAL_S or (fraction is not None and fraction >= 1.0):
+                last[0] = now
+                self.modelLoading.emit(LoadProgress(job, stage, fraction))
+
+        cancel = lambda: self._load_cancel.is_set() or self._is_cancelled(job)  # noqa: E731
+        try:
+            with self._lock:  # drop the old model first: two models may not fit
+                self._session = None
+                self._target = None
+            target = self._backend.load(spec, progress, cancel)
+            draft: Any = draft_spec or "ngram"
+            if draft_spec and draft_spec not in ("ngram", "none"):
+                progress(f"Loading draft model {draft_spec}", None)
+                draft = self._backend.load(draft_spec, progress, cancel)
+            session = self._backend.session(target, self._settings_for(target), draft)
+            with self._lock:
+                self._target, self._session = target, session
+                self._settings = session.settings
+            self.modelLoaded.emit(job, _model_info(spec, target, draft))
+        except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
+            self._report(job, "load", exc)
+        finally:
+            self._end(job)
+
+    @Slot(int, object, object)
+    def ingest(self, job: int, path: str, conversation: Conversation) -> None:
+        """Read a document, count it, check it fits, then prefill the conversation with it."""
+        self.jobStarted.emit(job, "ingest")
+        self._begin(job)
+        try:
+            session = self._require_session()
+            document = self._backend.read_document(path)
+            if self._is_cancelled(job):
+                self.engineEvent.emit(job, Finished(FinishReason.CANCELLED, ""))
+                return
+            tokens = int(session.count_tokens(document.text))
+            documents = tuple(conversation.documents) + (document,)
+            session.check_fits(list(conversation.messages), list(documents), conversation.system)
+            self.documentReady.emit(DocumentReady(job, path, document, tokens))
+            self._run_events(job, session, session.prefill(list(conversation.messages), list(documents), conversation.system))
+        except BaseException as exc:  # noqa: BLE001
+            self._report(job, "ingest", exc, path=path)
+        finally:
+            self._end(job)
+
+    @Slot(int, object)
+    def prefill(self, job: int, conversation: Conversation) -> None:
+        self.jobStarted.emit(job, "prefill")
+        self._begin(job)
+        try:
+            session = self._require_session()
+            self._run_events(job, session, session.prefill(list(conversation.messages), list(conversation.documents),
+                                                  conversation.system))
+        except BaseException as exc:  # noqa: BLE001
+            self._report(job, "prefill", exc)
+        finally:
+            self._end(job)
+
+    @Slot(int, object)
+    def stream(self, job: int, conversation: Conversation) -> None:
+        self.jobStarted.emit(job, "stream")
+        self._begin(job)
+        try:
+            session = self._require_session()
+            self._run_events(job, session, session.stream(list(conversation.messages), list(conversation.documents),
+                                                 conversation.system))
+        except BaseException as exc:  # noqa: BLE001
+            self._report(job, "stream", exc)
+        finally:
+            self._end(job)
+
+    @Slot(int, object)
+    def count_documents(self, job: int, documents: Sequence[DocumentText]) -> None:
+        """Token counts for chips of a reopened chat: emits DocumentReady (path "") per document."""
+        try:
+            session = self._require_session()
+            for doc in documents:
+                self.documentReady.emit(DocumentReady(job, "", doc, int(session.count_tokens(doc.text))))
+        except BaseException as exc:  # noqa: BLE001
+            self._report(job, "count", exc)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _settings_for(self, target: Any) -> DecodeSettings:
+        """Clamp the wanted settings to this model's context so the session accepts them."""
+        settings = self._settings
+        context = int(getattr(target, "max_context", 0) or 0)
+        if context and settings.budget > context:
+            budget = max(2 * settings.chunk, context // settings.chunk * settings.chunk)
+            settings = settings.replace(budget=budget)
+        return settings
+
+    def _require_session(self) -> Any:
+        with self._lock:
+            session = self._session
+        if session is None:
+            raise UserError("No model is loaded yet: pick one with Model… (or wait for the bundled model to load).")
+        return session
+
+    def _begin(self, job: int) -> None:
+        with self._lock:
+            self._active_job = job
+
+    def _end(self, job: int) -> None:
+        with self._lock:
+            if self._active_job == job:
+                self._active_job = 0
+            self._cancelled.discard(job)
+        self.jobDone.emit(job)
+
+    def _is_cancelled(self, job: int) -> bool:
+        with self._lock:
+            return job in self._cancelled
+
+    def _run_events(self, job: int, session: Any, events: Iterator[Any]) -> None:
+        """Forward engine events, coalescing token text and throttling metrics/progress."""
+        pending: list[TokenText] = []
+        last_tokens = last_metrics = last_progress = 0.0
+        held: dict[type, Any] = {}  # newest throttled Metrics / PrefillProgress not yet sent
+        cancel_sent = False
+
+        def flush_tokens() -> None:
+            for tok in _merge_tokens(pending):
+                self.engineEvent.emit(job, tok)
+            pending.clear()
+
+        if self._is_cancelled(job):  # stopped while queued: never start it
+            self.engineEvent.emit(job, Finished(FinishReason.CANCELLED, ""))
+            return
+        for event in events:
+            if not cancel_sent and self._is_cancelled(job):
+                session.cancel()  # idempotent flag; covers a stop that raced the stream's start
+                cancel_sent = True
+            now = time.monotonic()
+            if isinstance(event, TokenText):
+                pending.append(event)
+                if now - last_tokens >= TOKEN_INTERVAL_S:
+                    flush_tokens()
+                    last_tokens = now
+            elif isinstance(event, Metrics):
+                held[Metrics] = event
+                if now - last_metrics >= METRICS_INTERVAL_S:
+                    flush_tokens()  # keep text and numbers in step
+                    self.engineEvent.emit(job, held.pop(Metrics))
+                    last_metrics = now
+            elif isinstance(event, PrefillProgress):
+                held[PrefillProgress] = event
+                if now - last_progress >= PROGRESS_INTERVAL_S or event.done >= event.total:
+                    self.engineEvent.emit(job, held.pop(PrefillProgress))
+                    last_progress = now
+            elif isinstance(event, Finished):
+                flush_tokens()
+                for kind in (PrefillProgress, Metrics):
+                    if kind in held:
+                        self.engineEvent.emit(job, held.pop(kind))
+                self.engineEvent.emit(job, event)
+                return
+            else:
+                self.engineEvent.emit(job, event)
+        # the generator ended without Finished: still close the job for the GUI
+        flush_tokens()
+        self.engineEvent.emit(job, Finished(FinishReason.ERROR, "", "The engine stopped without finishing."))
+
+    def _report(self, job: int, kind: str, exc: BaseException, path: str = "") -> None:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise exc
+        user = isinstance(exc, UserError)
+        details = "" if user else traceback.format_exc()
+        if not user:
+            log.error("engine %s job %d failed\n%s", kind, job, details)
+        message = str(exc) or exc.__class__.__name__
+        if not user:
+            message = f"Unexpected error ({exc.__class__.__name__}): {message}"
+        self.failed.emit(JobFailed(job, kind, message, user, details, exc, path))
+
+
+def _merge_tokens(tokens: Sequence[TokenText]) -> list[TokenText]:
+    """Merge adjacent pieces produced by the same level into one TokenText."""
+    merged: list[TokenText] = []
+    for tok in tokens:
+        if merged and merged[-1].level == tok.level:
+            last = merged[-1]
+            merged[-1] = TokenText(last.text + tok.text, last.token_ids + tuple(tok.token_ids), tok.level)
+        else:
+            merged.append(TokenText(tok.text, tuple(tok.token_ids), tok.level))
+    return merged
+
+
+# ----------------------------------------------------------------------------- controller
+
+class EngineController(QObject):
+    """GUI-side handle: owns the engine thread, numbers jobs, forwards the worker's signals."""
+
+    _loadRequested = Signal(int, str, str)
+    _ingestRequested = Signal(int, object, object)
+    _prefillRequested = Signal(int, object)
+    _streamRequested = Signal(int, object)
+    _countRequested = Signal(int, object)
+
+    def __init__(self, backend: EngineBackend | None = None, settings: DecodeSettings | None = None,
+                 parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._next_job = 0
+        self.thread = QThread()
+        self.thread.setObjectName("triforce-engine")
+        self.worker = EngineWorker(backend, settings)
+        self.worker.moveToThread(self.thread)
+        self.thread.finished.connect(self.worker.deleteLater)
+        self._loadRequested.connect(self.worker.load_model)
+        self._ingestRequested.connect(self.worker.ingest)
+        self._prefillRequested.connect(self.worker.prefill)
+        self._streamRequested.connect(self.worker.stream)
+        self._countRequested.connect(self.worker.count_documents)
+        # the worker's signals are the public ones (queued into the GUI thread)
+        self.modelLoading = self.worker.modelLoading
+        self.modelLoaded = self.worker.modelLoaded
+        self.documentReady = self.worker.documentReady
+        self.engineEvent = self.worker.engineEvent
+        self.failed = self.worker.failed
+        self.jobStarted = self.worker.jobStarted
+        self.jobDone = self.worker.jobDone
+        self.thread.start()
+
+    def _job(self) -> int:
+        self._next_job += 1
+        return self._next_job
+
+    def load(self, spec: str, draft: str = "ngram") -> int:
+        job = self._job()
+        self._loadRequested.emit(job, spec, draft or "ngram")
+        return job
+
+    def ingest(self, path: str, conversation: Conversation) -> int:
+        job = self._job()
+        self._ingestRequested.emit(job, path, conversation)
+        return job
+
+    def prefill(self, conversation: Conversation) -> int:
+        job = self._job()
+        self._prefillRequested.emit(job, conversation)
+        return job
+
+    def stream(self, conversation: Conversation) -> int:
+        job = self._job()
+        self._streamRequested.emit(job, conversation)
+        return job
+
+    def count(self, documents: Sequence[DocumentText]) -> int:
+        job = self._job()
+        self._countRequested.emit(job, tuple(documents))
+        return job
+
+    def cancel(self, job: int | None = None) -> None:
+        self.worker.cancel(job)
+
+    def cancel_load(self) -> None:
+        self.worker.cancel_load()
+
+    def apply_settings(self, settings: DecodeSettings) -> None:
+        self.worker.apply_settings(settings)
+
+    def session(self) -> Any:
+        return self.worker.session()
+
+    def shutdown(self, timeout_ms: int = 30000) -> None:
+        """Stop whatever runs, then quit() and wait() for the engine thread."""
+        if not self.thread.isRunning():
+            return
+        self.worker.cancel()
+        self.worker.cancel_load()
+        self.thread.quit()
+        if not self.thread.wait(timeout_ms):
+            log.warning("engine thread did not stop within %d ms", timeout_ms)
