@@ -250,8 +250,9 @@ class _Sizes:
     lm_head: int  # untied head + final norm (norm only when tied)
     head_read: int  # bytes the lm_head reads per forward (the embedding matrix when tied)
     layer_kv: int  # one layer's full KV at context_tokens
-    layer_index: int  # one layer's retrieval chunk keys (mean key per chunk per KV head)
-    layer_retrieval: int  # one layer's retrieval cache (budget + gamma2 + 1 tokens)
+    layer_retrieval: int  # one layer's retrieval cache buffers (budget + recent/speculation slots)
+    layer_retrieval_read: int  # what an L1 forward reads of them (budget + gamma2 + 1 tokens)
+    rebuild_scratch: int  # transient while the retrieval cache is rebuilt, one layer at a time
     draft_weights: int
     draft_cache: int
     draft_read: int  # bytes one draft step reads
@@ -341,11 +342,11 @@ def _check_inputs(target: ModelShape, draft: ModelShape | None, context_tokens: 
             raise IncompatibleDraftError(
                 f"draft {draft.name} has a {draft.vocab}-token vocabulary but {target.name} has {target.vocab}:"
                 " pick a draft with the same tokenizer (the preset's draft, or none for n-gram drafting)")
-        window = settings.draft_sinks + settings.draft_window + settings.gamma1 + 1
+        window = _draft_capacity(settings)
         if window > draft.max_context:
             raise ContextOverflowError(
                 f"draft window of {window} tokens exceeds {draft.name}'s maximum of {draft.max_context}:"
-                f" use a draft window under {draft.max_context - settings.draft_sinks - settings.gamma1}")
+                f" use a draft window under {draft.max_context - (window - settings.draft_window)}")
     for i, gpu in enumerate(spec.gpus):
         if gpu.free_bytes <= 0:
             raise OutOfMemoryPlanError(f"cuda:{i} ({gpu.name}) reports 0 bytes free: close what holds it or pick other devices")
@@ -359,6 +360,19 @@ def _budget(settings: DecodeSettings, context_tokens: int) -> int:
     return min(settings.budget, context_tokens)  # a retrieval cache never holds more than the context
 
 
+def _retrieval_capacity(settings: DecodeSettings, budget: int) -> int:
+    """Slots RetrievalCache allocates: the budget plus room for recent and speculated tokens
+    (mirrors HierarchicalDecoder._headroom in engine/speculative.py)."""
+    spec = (settings.gamma2 + settings.gamma1 + 2) * 2
+    return budget + max(2 * settings.chunk + spec, settings.rebuild_stride + spec, 128)
+
+
+def _draft_capacity(settings: DecodeSettings) -> int:
+    """Slots the draft's StreamingCache allocates: sinks + window + slack for one draft forward
+    (mirrors ModelDrafter: slack = max(max_draft + 1, 64), max_draft 16)."""
+    return settings.draft_sinks + settings.draft_window + max(16 + 1, 64)
+
+
 def _sizes(target: ModelShape, draft: ModelShape | None, context: int, settings: DecodeSettings,
            dtype: int, prefill_chunk: int) -> _Sizes:
     layer_tok = target.layer_kv_bytes_per_token(dtype)
@@ -370,7 +384,12 @@ def _sizes(target: ModelShape, draft: ModelShape | None, context: int, settings:
     act = tokens * (3 * target.hidden + (target.heads + 2 * target.kv_heads) * target.head_dim
                     + 3 * target.intermediate) * dtype
     draft_weights = draft.weight_bytes(dtype) if draft else 0
-    draft_window = settings.draft_sinks + settings.draft_window + settings.gamma1 + 1
+    draft_window = _draft_capacity(settings)
+    kv_row = target.kv_heads * target.head_dim  # one token's keys in one layer, elements
+    # RetrievalCache.rebuild, per layer: an fp32 copy of the layer's keys, fp32 chunk means, and
+    # int64 gather indices for the budget.
+    scratch = (context * kv_row * 4 + math.ceil(context / settings.chunk) * kv_row * 4 + budget * kv_row * 8
+               if retrieval else 0)
     return _Sizes(
         layers=target.layers,
         tied=target.tie_embeddings,
@@ -379,8 +398,9 @@ def _sizes(target: ModelShape, draft: ModelShape | None, context: int, settings:
         lm_head=target.lm_head_params() * dtype,
         head_read=(target.vocab * target.hidden + target.hidden) * dtype,
         layer_kv=context * layer_tok,
-        layer_index=(math.ceil(context / settings.chunk) * target.kv_heads * target.head_dim * dtype) if retrieval else 0,
-        layer_retrieval=(budget + settings.gamma2 + 1) * layer_tok if retrieval else 0,
+        layer_retrieval=_retrieval_capacity(settings, budget) * layer_tok if retrieval else 0,
+        layer_retrieval_read=(budget + settings.gamma2 + 1) * layer_tok if retrieval else 0,
+        rebuild_scratch=scratch,
         draft_weights=draft_weights,
         draft_cache=draft_window * draft.kv_bytes_per_token(dtype) if draft else 0,
         draft_read=((draft.layers * draft.layer_params() + draft.vocab * draft.hidden + draft.hidden) * dtype
@@ -394,7 +414,7 @@ def _cpu_layout(s: _Sizes, spec: DeviceSpec, cpu_headroom: int) -> _Layout:
     n = s.layers
     parts = {"cpu": _nonzero({
         "target_layers": n * s.layer_weights, "target_embeddings": s.embeddings, "target_lm_head": s.lm_head,
-        "full_kv": n * s.layer_kv, "retrieval_index": n * s.layer_index, "retrieval_cache": n * s.layer_retrieval,
+        "full_kv": n * s.layer_kv, "retrieval_cache": n * s.layer_retrieval, "rebuild_scratch": s.rebuild_scratch,
         "draft_weights": s.draft_weights, "draft_cache": s.draft_cache, "working": s.activations + s.logits})}
     lay = _Layout("cpu", parts, ["cpu"] * n, ["cpu"] * n, "cpu" if s.draft_weights else None)
     need, have = sum(parts["cpu"].values()), spec.ram_available_bytes - cpu_headroom
@@ -402,7 +422,7 @@ def _cpu_layout(s: _Sizes, spec: DeviceSpec, cpu_headroom: int) -> _Layout:
         lay.shortfalls.append((f"weights, KV and caches need {_gb(need)} but the CPU has {_gb(have)} of RAM available"
                                f" ({_gb(spec.ram_available_bytes)} minus {_gb(cpu_headroom)} headroom)", need - have))
     lay.l2_read = {"cpu": n * s.layer_weights + s.head_read + n * s.layer_kv}
-    lay.l1_read = {"cpu": n * s.layer_weights + s.head_read + n * s.layer_retrieval}
+    lay.l1_read = {"cpu": n * s.layer_weights + s.head_read + n * s.layer_retrieval_read}
     lay.l2_pcie = {"cpu": 0}
     return lay
 
@@ -433,7 +453,7 @@ def _split_layout(s: _Sizes, spec: DeviceSpec, counts: list[int], draft_card: in
     cards_used = [i for i, c in enumerate(counts) if c]
     lay = _Layout("single-gpu" if len(cards_used) == 1 else "layer-split", {}, [], [],
                   f"cuda:{draft_card}" if s.draft_weights else None)
-    cpu: dict[str, int] = {"offloaded_kv": 0, "retrieval_index": 0}
+    cpu: dict[str, int] = {"offloaded_kv": 0}
     for i, (gpu, n) in enumerate(zip(spec.gpus, counts)):
         dev = f"cuda:{i}"
         has_head = n and first + n == L
@@ -447,17 +467,18 @@ def _split_layout(s: _Sizes, spec: DeviceSpec, counts: list[int], draft_card: in
         where = f"{dev} has {_gb(room)} free ({_gb(gpu.free_bytes)} minus {_gb(headroom)} headroom)"
         if weights > room:
             lay.shortfalls.append((f"target weights need {_gb(weights)} but {where}", weights - room))
-        retrieval = n * s.layer_retrieval
+        retrieval = n * s.layer_retrieval + (s.rebuild_scratch if n else 0)
         drafting = s.draft_weights + s.draft_cache if i == draft_card else 0
         working = (s.activations if n else 0) + (s.logits if has_head or drafting else 0)
-        parts.update(retrieval_cache=retrieval, draft_weights=drafting and s.draft_weights,
+        parts.update(retrieval_cache=n * s.layer_retrieval, rebuild_scratch=s.rebuild_scratch if n else 0,
+                     draft_weights=drafting and s.draft_weights,
                      draft_cache=drafting and s.draft_cache, working=working)
         left = room - weights
         if weights <= room and retrieval + drafting + working > left:
             lay.shortfalls.append((f"retrieval cache, draft model and working memory need {_gb(retrieval + drafting + working)}"
                                    f" but {dev} has {_gb(left)} left after the target weights", retrieval + drafting + working - left))
         left -= retrieval + drafting + working
-        per_layer = s.layer_kv + s.layer_index
+        per_layer = s.layer_kv
         if n * per_layer <= left:
             resident = n
         else:  # offloading: two staging buffers of one layer's KV each, then resident layers
@@ -467,16 +488,15 @@ def _split_layout(s: _Sizes, spec: DeviceSpec, counts: list[int], draft_card: in
             if 0 <= left < staging:  # (left < 0: already reported above)
                 lay.shortfalls.append((f"KV staging buffers need {_gb(staging)} but {dev} has {_gb(left)} left", staging - left))
         offloaded = _spread(n, n - resident)
-        parts.update(full_kv=resident * s.layer_kv, retrieval_index=resident * s.layer_index)
+        parts["full_kv"] = resident * s.layer_kv
         cpu["offloaded_kv"] += (n - resident) * s.layer_kv
-        cpu["retrieval_index"] += (n - resident) * s.layer_index
         lay.parts[dev] = _nonzero(parts)
         lay.layer_devices += [dev] * n
         lay.kv_devices += ["cpu" if j in offloaded else dev for j in range(n)]
         lay.l2_read[dev] = n * s.layer_weights + (s.head_read if has_head else 0) + n * s.layer_kv
         lay.l2_pcie[dev] = (n - resident) * s.layer_kv
         lay.off_layers[dev] = n - resident
-        lay.l1_read[dev] = n * s.layer_weights + (s.head_read if has_head else 0) + n * s.layer_retrieval
+        lay.l1_read[dev] = n * s.layer_weights + (s.head_read if has_head else 0) + n * s.layer_retrieval_read
         first += n
     lay.parts["cpu"] = _nonzero(cpu)
     pinned, have = sum(cpu.values()), spec.ram_available_bytes - cpu_headroom
@@ -502,11 +522,12 @@ def _tensor_parallel_layout(s: _Sizes, spec: DeviceSpec, draft_card: int | None,
         lay.parts[dev] = _nonzero({
             "target_layers": share(L * s.layer_weights), "target_embeddings": share(s.embeddings),
             "target_lm_head": share(s.lm_head), "retrieval_cache": share(L * s.layer_retrieval),
+            "rebuild_scratch": share(s.rebuild_scratch),
             "draft_weights": s.draft_weights if drafting else 0, "draft_cache": s.draft_cache if drafting else 0,
             "working": s.activations + s.logits})
         fixed.append(sum(lay.parts[dev].values()))
         rooms.append(gpu.free_bytes - headroom)
-    per_layer = share(s.layer_kv) + share(s.layer_index)
+    per_layer = share(s.layer_kv)
     staging = STAGING_SLOTS * share(s.layer_kv)
     if all(f + L * per_layer <= r for f, r in zip(fixed, rooms)):
         resident = L
@@ -522,7 +543,7 @@ def _tensor_parallel_layout(s: _Sizes, spec: DeviceSpec, draft_card: int | None,
     offloaded = _spread(L, L - resident)
     lay.kv_devices = ["cpu" if j in offloaded else joined for j in range(L)]
     for i, dev in enumerate(devs):
-        extra = {"full_kv": resident * share(s.layer_kv), "retrieval_index": resident * share(s.layer_index)}
+        extra = {"full_kv": resident * share(s.layer_kv)}
         if resident < L and offload:
             extra["staging"] = staging
         lay.parts[dev].update(_nonzero(extra))
@@ -531,10 +552,10 @@ def _tensor_parallel_layout(s: _Sizes, spec: DeviceSpec, draft_card: int | None,
             lay.shortfalls.append((f"tensor parallel needs {_gb(need)} on {dev} (weights, caches and staging)"
                                    f" but it has {_gb(rooms[i])} free after headroom", need - rooms[i]))
         lay.l2_read[dev] = share(L * s.layer_weights + s.head_read + L * s.layer_kv)
-        lay.l1_read[dev] = share(L * s.layer_weights + s.head_read + L * s.layer_retrieval)
+        lay.l1_read[dev] = share(L * s.layer_weights + s.head_read + L * s.layer_retrieval_read)
         lay.l2_pcie[dev] = (L - resident) * share(s.layer_kv)
         lay.off_layers[dev] = L - resident
-    cpu = _nonzero({"offloaded_kv": (L - resident) * s.layer_kv, "retrieval_index": (L - resident) * s.layer_index})
+    cpu = _nonzero({"offloaded_kv": (L - resident) * s.layer_kv})
     lay.parts["cpu"] = cpu
     pinned, have = sum(cpu.values()), spec.ram_available_bytes - cpu_headroom
     if pinned > have:

@@ -67,13 +67,15 @@ def test_local_folder(tmp_path) -> None:
 def _fixed_gpu_bytes(t: ModelShape, d: ModelShape | None, ctx: int = CTX) -> int:
     """What the planner puts on the card before any full KV: weights, retrieval, draft, working."""
     layer_tok = 2 * t.kv_heads * t.head_dim * 2
-    retrieval = t.layers * (S.budget + S.gamma2 + 1) * layer_tok
+    retrieval = t.layers * (S.budget + 128) * layer_tok  # RetrievalCache: budget + 128 slots of headroom
+    kv_row = t.kv_heads * t.head_dim
+    rebuild = ctx * kv_row * 4 + ctx // S.chunk * kv_row * 4 + S.budget * kv_row * 8  # fp32 keys, means, indices
     draft = 0
-    if d:
-        draft = d.param_count() * 2 + (S.draft_sinks + S.draft_window + S.gamma1 + 1) * d.kv_bytes_per_token(2)
+    if d:  # StreamingCache: sinks + window + 64 slack
+        draft = d.param_count() * 2 + (S.draft_sinks + S.draft_window + 64) * d.kv_bytes_per_token(2)
     activations = 1024 * (3 * t.hidden + (t.heads + 2 * t.kv_heads) * t.head_dim + 3 * t.intermediate) * 2
     logits = (max(S.gamma1, S.gamma2) + 1) * t.vocab * 4 * 3
-    return t.param_count() * 2 + retrieval + draft + activations + logits
+    return t.param_count() * 2 + retrieval + rebuild + draft + activations + logits
 
 
 def test_llama31_8b_128k_on_one_4090_offloads_most_layers() -> None:
@@ -81,26 +83,25 @@ def test_llama31_8b_128k_on_one_4090_offloads_most_layers() -> None:
     plan = plan_placement(t, d, CTX, S, "4090")
     room = 24564 * MiB - int(1.5 * GiB)
     layer_kv = CTX * 8 * 128 * 2 * 2  # 512 MiB
-    index = CTX // 16 * 8 * 128 * 2  # mean key per 16-token chunk: 16 MiB
-    resident = (room - _fixed_gpu_bytes(t, d) - 2 * layer_kv) // (layer_kv + index)
-    assert layer_kv == 512 * MiB and resident == 7
+    resident = (room - _fixed_gpu_bytes(t, d) - 2 * layer_kv) // layer_kv
+    assert layer_kv == 512 * MiB and resident == 6
     assert plan.fits and plan.mode == "single-gpu"
     assert plan.kv_layers_total == 32
-    assert plan.kv_layers_offloaded == 32 - resident == 25  # most layers offloaded
+    assert plan.kv_layers_offloaded == 32 - resident == 26  # most layers offloaded
     gpu, cpu = plan.device("cuda:0"), plan.device("cpu")
     assert gpu.component("full_kv") == resident * layer_kv
     assert gpu.component("staging") == 2 * layer_kv
-    assert cpu.component("offloaded_kv") == 25 * layer_kv
+    assert cpu.component("offloaded_kv") == 26 * layer_kv
     assert gpu.spare_bytes >= 0
-    # Floors: bytes / bandwidth. L2 is PCIe bound: 25 layers x 512 MiB at 25 GB/s.
+    # Floors: bytes / bandwidth. L2 is PCIe bound: 26 layers x 512 MiB at 25 GB/s.
     f = plan.floors
-    assert f.l2_pcie_ms == pytest.approx(25 * layer_kv / 25e9 * 1e3)  # 536.9 ms
+    assert f.l2_pcie_ms == pytest.approx(26 * layer_kv / 25e9 * 1e3)  # 558.4 ms
     assert f.ar_ms == pytest.approx(f.l2_pcie_ms)  # plain AR pays the whole stream
     head = t.vocab * t.hidden * 2 + t.hidden * 2
     l1_bytes = t.layers * t.layer_params() * 2 + head + 32 * (1024 + 7) * 4096
     assert f.l1_ms == pytest.approx(l1_bytes / 1008e9 * 1e3)
-    # the draft's tied embedding matrix is read once, as its lm_head; + its 261-token StreamingLLM cache
-    assert f.l0_ms == pytest.approx((d.param_count() * 2 + 261 * 32 * KiB) / 1008e9 * 1e3)
+    # the draft's tied embedding matrix is read once, as its lm_head; + its 320-slot StreamingLLM cache
+    assert f.l0_ms == pytest.approx((d.param_count() * 2 + 320 * 32 * KiB) / 1008e9 * 1e3)
     # both staging slots are filled while L1 drafts (6 tokens at ~9.3 ms each > 2 x 21.5 ms)
     assert f.l2_prefetched_ms == pytest.approx(2 * layer_kv / 25e9 * 1e3)
     assert f.l2_ms == pytest.approx(f.l2_pcie_ms - f.l2_prefetched_ms)
