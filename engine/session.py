@@ -7,6 +7,7 @@ same call with a different message list.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Iterator, Sequence
@@ -276,8 +277,7 @@ class ChatSession:
         caches = [self.full.stats()]
         if self.decoder.retrieval is not None and self._settings.mode in ("triforce", "retrieval-only"):
             r = self.decoder.retrieval
-            caches.append(r.stats().__class__(r.name, r.length, r.capacity, r.nbytes_used(), r.nbytes_reserved(),
-                                              str(r.device), f"budget {r.budget}, chunk {r.chunk}"))
+            caches.append(dataclasses.replace(r.stats(), detail=f"budget {r.budget}, chunk {r.chunk}"))
         draft_stats = self.drafter.cache_stats() if self._settings.mode in ("triforce", "draft-only") else None
         if draft_stats is not None:
             caches.append(draft_stats)

@@ -79,6 +79,7 @@ class HierarchicalDecoder:
         self._recent_l2 = deque(maxlen=8)  # per-verification acceptance rates at L2
         self._since_rebuild = 0
         self.rebuilds = 0
+        self.l1_verify = verify  # the acceptance rule at L1 (tests swap in a known-buggy variant)
 
     # --- retrieval cache management ------------------------------------------------------------
     def _headroom(self) -> int:
@@ -156,7 +157,7 @@ class HierarchicalDecoder:
             held = r.length
             logits = self.runner.forward(tokens, positions, r)  # [k+1, V]
             p1 = None if s.sampling.greedy else target_probs(logits, s.sampling)
-            verdict = verify(d0, q0, logits, s.sampling, self.generator, target=p1)
+            verdict = self.l1_verify(d0, q0, logits, s.sampling, self.generator, target=p1)
             r.rollback(held + 1 + verdict.accepted)  # keep the pending token and the accepted drafts
             if use_l0:
                 self.stats.l0_l1.add(len(d0), verdict.accepted)
