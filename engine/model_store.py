@@ -89,7 +89,11 @@ class LocalModel:
 
 
 def resolve_model(spec: str, progress: Progress | None = None, cancel: Cancel | None = None) -> ModelFolder:
-    """Find (download or convert if needed) the model named by `spec`. Raises a `UserError` on bad input."""
+    """Find (download or convert if needed) the model named by `spec`. Raises a `UserError` on bad input.
+
+    `progress(message, fraction or None)` is called only once real work starts (a download or a
+    conversion), never for quick lookups, and may be called from download threads. `cancel()`
+    is polled between steps; when it returns True, `ResolveCancelled` is raised."""
     progress = progress or (lambda _msg, _frac: None)
     cancel = cancel or (lambda: False)
     spec = (spec or "").strip()
@@ -165,7 +169,8 @@ def resolve_gguf(path: Path, progress: Progress | None = None, cancel: Cancel | 
     with path.open("rb") as fh:
         if fh.read(4) != b"GGUF":
             raise ModelFormatError(f"{path} is not a GGUF file (it does not start with the GGUF signature)")
-    _progress(progress, f"hashing {path.name}", 0.0)
+    if path.stat().st_size > 1 << 30:  # only worth a message when it takes seconds
+        _progress(progress, f"hashing {path.name}", 0.0)
     digest = _gguf_digest(path)
     if digest == BUNDLED_SHA256:
         return resolve_bundled(progress, cancel)
@@ -306,7 +311,6 @@ def resolve_hub(repo_id: str, progress: Progress | None = None, cancel: Cancel |
     )
 
     offline = hf_offline()
-    _progress(progress, f"looking up {repo_id}" + (" in the local cache" if offline else ""), None)
     try:
         folder = snapshot_download(
             repo_id,
@@ -332,31 +336,37 @@ def resolve_hub(repo_id: str, progress: Progress | None = None, cancel: Cancel |
     except (HfHubHTTPError, OSError) as exc:
         raise ModelNotFoundError(f"could not download {repo_id} ({exc}): check the connection, or pass a local folder") from None
     path = Path(folder)
-    _progress(progress, f"{repo_id} ready", 1.0)
     return _folder_model(path, source="hub", model_id=repo_id, name=repo_id.split("/")[-1])
 
 
 def _tqdm_class(repo_id: str, progress: Progress | None, cancel: Cancel | None):
-    """A silent tqdm that forwards the file-count progress and checks cancel on every update."""
+    """A silent tqdm for snapshot_download: forwards the bytes-written and files-done bars to
+    `progress` (possibly from download threads) and checks `cancel` on every update."""
     from tqdm.auto import tqdm
 
     class _Forward(tqdm):
         def __init__(self, *args, **kwargs):
-            kwargs["disable"] = False
+            kwargs.pop("name", None)
+            kwargs["disable"] = False  # tqdm skips update() bookkeeping when disabled
             kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 - closed in close()
             super().__init__(*args, **kwargs)
 
         def update(self, n=1):
             _check_cancel(cancel)
             out = super().update(n)
-            if progress is not None and self.total:
-                progress(f"downloading {repo_id}: {self.n}/{self.total} files", self.n / self.total)
+            if progress is None or not self.total:
+                return out
+            fraction = min(self.n / self.total, 1.0)
+            if self.unit == "B" and str(self.desc).startswith("Reconstruct"):
+                progress(f"downloading {repo_id}: {self.n / 1e6:.0f} of {self.total / 1e6:.0f} MB", fraction)
+            elif self.unit != "B":
+                progress(f"downloading {repo_id}: {self.n} of {self.total} files", fraction)
             return out
 
         def close(self):
             fp = getattr(self, "fp", None)
             super().close()
-            if fp is not None:
+            if fp is not None and not fp.closed:
                 fp.close()
 
     return _Forward

@@ -289,11 +289,9 @@ def test_hub_offline_from_cache(tiny_model_dir, tmp_path: Path, monkeypatch) -> 
     snapshot = make_hub_cache(hub, "tiny-org/tiny-llama", tiny_model_dir("llama"))
     other = make_hub_cache(hub, "tiny-org/not-llama", tiny_model_dir("llama"))
     (other / "config.json").resolve().write_text('{"model_type": "bert"}')
-    messages = []
-    model = resolve_model("tiny-org/tiny-llama", progress=lambda msg, frac: messages.append(msg))
+    model = resolve_model("tiny-org/tiny-llama")
     assert model.source == "hub" and model.model_id == "tiny-org/tiny-llama" and model.name == "tiny-llama"
     assert model.path == snapshot
-    assert messages
     # same weights, same hash, whatever the source; read from the blob names, nothing written there
     assert model.weights_hash == resolve_model(str(tiny_model_dir("llama"))).weights_hash
     assert not (snapshot / model_store.WEIGHTS_STAMP).exists()
@@ -303,3 +301,20 @@ def test_hub_offline_from_cache(tiny_model_dir, tmp_path: Path, monkeypatch) -> 
     with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE"):
         resolve_model("tiny-org/other")
     assert cache_entries() == []
+
+
+def test_download_progress_and_cancel() -> None:
+    """The tqdm class handed to snapshot_download forwards bytes and file counts, and cancels."""
+    seen = []
+    flag = {"cancel": False}
+    bar_class = model_store._tqdm_class("org/name", lambda msg, frac: seen.append((msg, frac)), lambda: flag["cancel"])
+    files = bar_class(total=4, desc="Fetching 4 files")
+    data = bar_class(total=2_000_000, desc="Reconstructing (incomplete total...)", unit="B", unit_scale=True)
+    files.update(1)
+    data.update(1_000_000)
+    assert seen == [("downloading org/name: 1 of 4 files", 0.25), ("downloading org/name: 1 of 2 MB", 0.5)]
+    flag["cancel"] = True
+    with pytest.raises(model_store.ResolveCancelled):
+        data.update(1)
+    files.close()
+    data.close()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 from engine import model_store
 from engine.errors import ModelNotFoundError
@@ -95,12 +94,7 @@ def format_report(report: dict) -> str:
 
 
 def _resolve(spec: str, as_json: bool) -> int:
-    started = time.monotonic()
-
     def progress(message: str, fraction: float | None) -> None:
-        # quiet for the first half second: quick lookups (and quick failures) print nothing but the result
-        if time.monotonic() - started < 0.5:
-            return
         pct = f" {fraction * 100:3.0f}%" if fraction is not None else ""
         print(f"{message}{pct}", file=sys.stderr, flush=True)
 
