@@ -31,10 +31,14 @@ def _converted_bundled() -> Path:
 
 
 @pytest.fixture(autouse=True)
-def triforce_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def triforce_home(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own empty app home and HF cache. If the bundled model was already
     converted (in .test-cache), it is linked into the test's model cache so nothing reconverts it.
+    A test that resolves "bundled" itself (e.g. through a CLI subprocess) should request
+    `bundled_model_dir` or carry `@pytest.mark.bundled`, which converts it first if needed.
     Tests must not modify that linked folder."""
+    if request.node.get_closest_marker("bundled"):
+        request.getfixturevalue("bundled_model")
     home = tmp_path / "triforce-home"
     monkeypatch.setenv("TRIFORCE_HOME", str(home))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))

@@ -62,11 +62,13 @@ def test_models_resolve_empty_spec() -> None:
     assert result.returncode == 2 and result.stderr.startswith("error: no model given")
 
 
-def test_models_resolve_bundled(bundled_model_dir: Path) -> None:
+@pytest.mark.bundled  # conftest converts (once) and links the bundled model for marked tests
+def test_models_resolve_bundled() -> None:
     result = run_cli("models", "--resolve", "bundled", "--json")
     assert result.returncode == 0, result.stderr
+    assert result.stderr == ""  # already converted: no progress, no conversion
     record = json.loads(result.stdout)
-    assert Path(record["path"]).resolve() == bundled_model_dir.resolve()
+    assert Path(record["path"]).resolve() == model_store.bundled_dir().resolve()
     assert record["source"] == "bundled"
 
 
