@@ -1,0 +1,312 @@
+"""ChatStore: API, cascade, search, export, two threads at once, migrations, kill -9 survival."""
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.chat_store import MIGRATIONS, ChatStore, Migration
+from engine.errors import StoreError
+from engine.events import DocumentText, FinishReason, Finished
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = ChatStore(tmp_path / "chats.sqlite3")
+    yield s
+    s.close()
+
+
+def doc(text: str, title: str = "Book") -> DocumentText:
+    return DocumentText(title=title, text=text, source=f"/books/{title}.txt", meta={"format": "text", "bytes": len(text)})
+
+
+def test_default_path_follows_triforce_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path / "home"))
+    s = ChatStore()
+    assert s.path == tmp_path / "home" / "chats.sqlite3" and s.path.exists()
+    s.close()
+
+
+def test_wal_and_foreign_keys(store):
+    conn = store._conn()
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+
+
+def test_chat_and_messages_round_trip(store):
+    chat = store.create_chat("First", model_spec="bundled", settings={"budget": 1024})
+    m0 = store.add_message(chat.id, "user", "What is in chapter 2?")
+    m1 = store.add_message(chat.id, "assistant", "A storm.", stats={"tokens_per_s": 12.5},
+                           level_spans=[(0, 2, 0), (2, 8, 2)])
+    got = store.get_chat(chat.id)
+    assert (got.title, got.model_spec, got.settings) == ("First", "bundled", {"budget": 1024})
+    assert [m.idx for m in got.messages] == [0, 1] == [m0.idx, m1.idx]
+    assert got.messages[1].stats == {"tokens_per_s": 12.5}
+    assert got.messages[1].level_spans == ((0, 2, 0), (2, 8, 2))
+    assert got.messages[0].stats == {} and got.messages[0].level_spans == ()
+    assert got.updated >= got.created
+
+
+def test_rename_settings_and_update(store):
+    chat = store.create_chat()
+    store.rename_chat(chat.id, "Renamed")
+    store.set_chat_settings(chat.id, {"gamma1": 3})
+    store.set_chat_model(chat.id, "Qwen/Qwen2.5-7B-Instruct-1M")
+    assert store.get_chat_settings(chat.id) == {"gamma1": 3}
+    store.add_message(chat.id, "user", "q")
+    store.add_message(chat.id, "assistant", "")  # placeholder while streaming
+    metrics = Finished(reason=FinishReason.EOS, text="full answer")  # a dataclass is stored as its dict
+    updated = store.update_message(chat.id, 1, text="full answer", stats=metrics, level_spans=[(0, 4, 1)])
+    assert updated.text == "full answer" and updated.stats["reason"] == "eos"
+    got = store.get_chat(chat.id)
+    assert got.title == "Renamed" and got.model_spec.startswith("Qwen") and got.messages[1].level_spans == ((0, 4, 1),)
+    with pytest.raises(StoreError, match="no longer exists"):
+        store.update_message(chat.id, 7, text="x")
+
+
+def test_delete_messages_from_for_regenerate(store):
+    chat = store.create_chat()
+    for i in range(5):
+        store.add_message(chat.id, "user" if i % 2 == 0 else "assistant", f"m{i}")
+    assert store.delete_messages_from(chat.id, 3) == 2
+    assert [m.text for m in store.messages(chat.id)] == ["m0", "m1", "m2"]
+    assert store.add_message(chat.id, "assistant", "again").idx == 3
+
+
+def test_missing_chat_and_bad_input(store):
+    with pytest.raises(StoreError, match="Chat 99 does not exist"):
+        store.add_message(99, "user", "x")
+    with pytest.raises(StoreError, match="does not exist"):
+        store.get_chat(99)
+    chat = store.create_chat()
+    with pytest.raises(ValueError, match="role"):
+        store.add_message(chat.id, "robot", "x")
+    with pytest.raises(ValueError, match="level spans"):
+        store.add_message(chat.id, "assistant", "x", level_spans=[(5, 2, 0)])
+
+
+def test_delete_chat_cascades_and_drops_orphan_documents(store):
+    a, b = store.create_chat("a"), store.create_chat("b")
+    store.add_message(a.id, "user", "hello")
+    shared, own = doc("shared text", "Shared"), doc("only in a", "Own")
+    store.add_document(a.id, shared)
+    store.add_document(a.id, own)
+    store.add_document(b.id, shared)
+    store.delete_chat(a.id)
+    conn = store._conn()
+    assert conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+    assert conn.execute("SELECT COUNT(*) FROM chat_documents").fetchone()[0] == 1
+    assert [r[0] for r in conn.execute("SELECT title FROM documents")] == ["Shared"]
+    assert [c.title for c in store.list_chats()] == ["b"]
+    with pytest.raises(StoreError):
+        store.delete_chat(a.id)
+
+
+def test_documents_dedupe_order_and_token_counts(store):
+    chat = store.create_chat()
+    first = store.add_document(chat.id, doc("The whole book.", "Book"))
+    again = store.add_document(chat.id, doc("The whole book.", "Same text, other name"))
+    second = store.add_document(chat.id, doc("Another text.", "Notes"))
+    assert first == again and (first.position, second.position) == (0, 1)
+    store.set_token_count(chat.id, first.sha256, "bundled", 1234)
+    store.set_token_count(chat.id, first.sha256, "llama-3.1-8b", 1100)
+    docs = store.chat_documents(chat.id)
+    assert [d.title for d in docs] == ["Book", "Notes"] and docs[0].text == "The whole book."
+    assert docs[0].token_counts == {"bundled": 1234, "llama-3.1-8b": 1100}
+    assert store.chat_documents(chat.id, with_text=False)[0].text == ""
+    other = store.create_chat()
+    store.add_document(other.id, doc("The whole book."))
+    assert store._conn().execute("SELECT COUNT(*) FROM documents").fetchone()[0] == 2
+    store.remove_document(chat.id, second.sha256)
+    assert [d.title for d in store.chat_documents(chat.id)] == ["Book"]
+    assert store._conn().execute("SELECT COUNT(*) FROM documents").fetchone()[0] == 1
+
+
+def test_list_and_search(store):
+    a = store.create_chat("Hamlet questions")
+    b = store.create_chat("Contract")
+    c = store.create_chat("Über Kafka")
+    store.add_message(b.id, "user", "Who is the LANDLORD in 50% of cases?")
+    store.add_message(c.id, "assistant", "Gregor wacht auf. STRAẞE")
+    assert [s.id for s in store.list_chats()] == [c.id, b.id, a.id]  # most recently updated first
+    assert [s.message_count for s in store.list_chats()] == [1, 1, 0]
+    assert [s.id for s in store.list_chats("hamlet")] == [a.id]
+    assert [s.id for s in store.list_chats("landlord")] == [b.id]
+    assert [s.id for s in store.list_chats("50%")] == [b.id]  # LIKE wildcards are escaped
+    assert store.list_chats("5_%") == []
+    assert [s.id for s in store.list_chats("über")] == [c.id]  # non-ASCII: casefolded match
+    assert [s.id for s in store.list_chats("straße")] == [c.id]
+    assert store.list_chats("nothing like it") == []
+
+
+def test_global_settings(store):
+    assert store.get_setting("theme", "light") == "light"
+    store.set_setting("theme", "dark")
+    store.set_setting("budgets", {"retrieval": 4096})
+    store.set_setting("theme", "auto")
+    assert store.get_setting("theme") == "auto" and store.get_setting("budgets") == {"retrieval": 4096}
+
+
+def test_export_markdown_and_json(store):
+    chat = store.create_chat("Storm talk", model_spec="bundled")
+    store.add_document(chat.id, doc("It was a dark and stormy night.", "Novel"))
+    store.add_message(chat.id, "user", "How does it start?")
+    store.add_message(chat.id, "assistant", "With a storm.", stats={"new_tokens": 4}, level_spans=[(0, 5, 0)])
+    md = store.export_markdown(chat.id)
+    assert md.startswith("# Storm talk\n")
+    assert "- Model: bundled" in md and "- Document: Novel (text, 31 bytes)" in md
+    assert "## User\n\nHow does it start?\n\n## Assistant\n\nWith a storm.\n" in md
+    data = store.export_json(chat.id)
+    json.dumps(data)  # serializable as is
+    assert data["format"] == "triforce-chat" and data["chat"]["title"] == "Storm talk"
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant"]
+    assert data["messages"][1]["level_spans"] == [[0, 5, 0]] and data["messages"][1]["stats"] == {"new_tokens": 4}
+    assert "text" not in data["documents"][0]
+    assert store.export_json(chat.id, include_document_text=True)["documents"][0]["text"].startswith("It was")
+
+
+def test_transaction_groups_writes_and_rolls_back(store):
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            chat = store.create_chat("doomed")
+            store.add_message(chat.id, "user", "x")
+            raise RuntimeError("boom")
+    assert store.list_chats() == []
+    with store.transaction():
+        keep = store.create_chat("kept")
+        try:
+            with store.transaction():  # a nested block is a savepoint
+                store.add_message(keep.id, "user", "undone")
+                raise KeyError("inner")
+        except KeyError:
+            pass
+        store.add_message(keep.id, "user", "done")
+    assert [m.text for m in store.messages(keep.id)] == ["done"]
+
+
+def test_gui_thread_and_worker_thread_at_once(store):
+    chat = store.create_chat("shared")
+    errors: list[BaseException] = []
+
+    def writer(role: str) -> None:
+        try:
+            for i in range(60):
+                store.add_message(chat.id, role, f"{role} {i}")
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    def reader() -> None:
+        try:
+            for _ in range(60):
+                store.list_chats("user")
+                msgs = store.messages(chat.id)
+                assert [m.idx for m in msgs] == list(range(len(msgs)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(r,)) for r in ("user", "assistant")]
+    threads.append(threading.Thread(target=reader))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    msgs = store.messages(chat.id)
+    assert len(msgs) == 120 and sorted(m.idx for m in msgs) == list(range(120))
+
+
+# -- schema versions ----------------------------------------------------------------------
+
+def test_newer_schema_refused_with_advice(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    ChatStore(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE schema_version SET version = 7")
+    conn.close()
+    with pytest.raises(StoreError, match=r"newer TriForce Chat \(schema v7.*up to v1\).*Update the app"):
+        ChatStore(path)
+
+
+def test_older_schema_is_migrated_with_a_backup(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    old = ChatStore(path)
+    chat = old.create_chat("from v1")
+    old.add_message(chat.id, "user", "kept")
+    old.close()
+    v2 = Migration(2, "pin chats", ("ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0",))
+    new = ChatStore(path, migrations=(*MIGRATIONS, v2))
+    assert new._conn().execute("SELECT version FROM schema_version").fetchone()[0] == 2
+    assert new._conn().execute("SELECT pinned FROM chats").fetchone()[0] == 0
+    assert [m.text for m in new.messages(chat.id)] == ["kept"]
+    new.close()
+    backup = sqlite3.connect(tmp_path / "chats.sqlite3.v1.bak")
+    assert backup.execute("SELECT version FROM schema_version").fetchone()[0] == 1
+    backup.close()
+
+
+def test_foreign_or_damaged_file_refused(tmp_path):
+    foreign = tmp_path / "other.sqlite3"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE notes (x)")
+    conn.close()
+    with pytest.raises(StoreError, match="not a TriForce Chat store"):
+        ChatStore(foreign)
+    junk = tmp_path / "junk.sqlite3"
+    junk.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(StoreError, match="damaged.*Move it aside"):
+        ChatStore(junk)
+
+
+# -- crash safety -------------------------------------------------------------------------
+
+WRITER = textwrap.dedent("""
+    import random, sys
+    from engine.chat_store import ChatStore
+    store = ChatStore(sys.argv[1])
+    rng = random.Random(int(sys.argv[2]))
+    print("ready", flush=True)
+    while True:
+        with store.transaction():
+            chat = store.create_chat("crash test")
+            for j in range(int(sys.argv[3])):
+                store.add_message(chat.id, "user" if j % 2 == 0 else "assistant", "x" * rng.randint(1, 20000))
+        print(chat.id, flush=True)
+""")
+
+
+def test_kill_dash_nine_never_leaves_partial_chats(tmp_path):
+    path, per_chat, rng = tmp_path / "crash.sqlite3", 8, random.Random(1234)
+    ChatStore(path).close()
+    committed: set[int] = set()
+    for kill in range(20):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(kill), str(per_chat)],
+                                cwd=REPO, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.25))
+        proc.kill()  # SIGKILL: no cleanup, no rollback
+        out, _ = proc.communicate()
+        committed |= {int(line) for line in out.split()}
+    assert len(committed) > 20  # the writer really wrote between kills
+
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    counts = dict(conn.execute("SELECT c.id, COUNT(m.id) FROM chats c LEFT JOIN messages m ON m.chat_id = c.id "
+                               "GROUP BY c.id").fetchall())
+    conn.close()
+    assert set(counts.values()) == {per_chat}  # every chat is complete: all its messages or none at all
+    assert committed <= set(counts)  # every commit the writer reported survived
+    store = ChatStore(path)
+    assert all(s.message_count == per_chat for s in store.list_chats())
+    store.close()
