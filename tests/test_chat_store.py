@@ -310,3 +310,44 @@ def test_kill_dash_nine_never_leaves_partial_chats(tmp_path):
     store = ChatStore(path)
     assert all(s.message_count == per_chat for s in store.list_chats())
     store.close()
+
+
+# -- `main.py chats` ----------------------------------------------------------------------
+
+def test_cli_lists_and_exports(tmp_path, capsys):
+    from engine.cli import main
+
+    assert main(["chats"]) == 0
+    assert "no chats yet" in capsys.readouterr().out
+    store = ChatStore()  # the conftest points TRIFORCE_HOME at this test's own folder
+    chat = store.create_chat("Moby Dick questions")
+    store.add_message(chat.id, "user", "Who is Ishmael?")
+    store.add_message(chat.id, "assistant", "The narrator.")
+    store.create_chat("Empty one")
+    store.close()
+
+    assert main(["chats"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["ID", "UPDATED", "MSGS", "TITLE"]
+    assert out[1].split()[0] == "2" and out[1].endswith("Empty one")
+    assert out[2].split()[0] == "1" and out[2].split()[3] == "2" and out[2].endswith("Moby Dick questions")
+    assert main(["chats", "--search", "ishmael"]) == 0
+    assert "Moby Dick" in capsys.readouterr().out
+
+    assert main(["chats", "--export", str(chat.id)]) == 0
+    assert "## Assistant\n\nThe narrator." in capsys.readouterr().out
+    assert main(["chats", "--export", str(chat.id), "--format", "json", "--out", str(tmp_path / "c.json")]) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["messages"][0]["text"] == "Who is Ishmael?"
+
+
+def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
+    from engine.cli import main
+
+    assert main(["chats", "--export", "42"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: Chat 42 does not exist") and err.count("\n") == 1
+    store = ChatStore()
+    chat = store.create_chat("x")
+    store.close()
+    assert main(["chats", "--export", str(chat.id), "--out", str(tmp_path / "no" / "such" / "dir.md")]) == 2
+    assert "Cannot write" in capsys.readouterr().err

@@ -197,6 +197,17 @@ def test_corrupt_epub(tmp_path):
         read_document(tmp_path / "nocontainer.epub")
 
 
+def test_drm_epub_is_refused(tmp_path):
+    path = make_epub(tmp_path / "drm.epub", {"c1": "<p>x</p>"})
+    with zipfile.ZipFile(path, "a") as zf:
+        zf.writestr("META-INF/encryption.xml",
+                    '<encryption xmlns="urn:oasis:names:tc:opendocument:xmlns:container" '
+                    'xmlns:enc="http://www.w3.org/2001/04/xmlenc#"><enc:EncryptedData><enc:CipherData>'
+                    '<enc:CipherReference URI="OEBPS/text/c1.xhtml"/></enc:CipherData></enc:EncryptedData></encryption>')
+    with pytest.raises(DocumentError, match="drm.epub.*DRM-protected"):
+        read_document(path)
+
+
 def make_docx(path: Path) -> Path:
     import docx
 
