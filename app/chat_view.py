@@ -116,7 +116,7 @@ class MessageWidget(QFrame):
         self.message = message
         self._colors = c
         self._color_levels = False
-        names = {"user": "userBubble", "assistant": "answerBubble", "error": "errorBubble", "notice": "errorBubble"}
+        names = {"user": "userBubble", "assistant": "answerBubble", "error": "errorBubble", "notice": "noticeBubble"}
         self.setObjectName(names.get(message.role, "answerBubble"))
         lay = QVBoxLayout(self)
         lay.setContentsMargins(14, 8, 14, 8)

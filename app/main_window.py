@@ -30,9 +30,9 @@ from app.panels import AcceptancePanel, CachePanel, MemoryPanel
 from app.panels.common import fmt_seconds
 from app.settings_panel import SettingsPanel, settings_from_dict, settings_to_dict
 from app.worker import (Conversation, DocumentReady, EngineBackend, EngineController, JobFailed, LoadProgress,
-                        ModelInfo)
+                        ModelInfo, TokenBatch)
 from engine.errors import ContextOverflowError, UserError
-from engine.events import ChatMessage, DocumentText, Finished, FinishReason, Metrics, PrefillProgress, TokenText
+from engine.events import ChatMessage, DocumentText, Finished, FinishReason, Metrics, PrefillProgress
 from engine.settings import DecodeSettings
 
 log = logging.getLogger(__name__)
@@ -437,7 +437,7 @@ class MainWindow(QMainWindow):
             self.prefill_strip.update_progress(ev.done, ev.total, ev.reused, ev.eta_s)
             if ev.done >= ev.total and kind == "stream":
                 self.prefill_strip.finish()
-        elif isinstance(ev, TokenText):
+        elif isinstance(ev, TokenBatch):
             if kind == "stream":
                 if self.prefill_strip.isVisible() and self._prefill_job_shown == job:
                     self.prefill_strip.finish()
@@ -454,12 +454,13 @@ class MainWindow(QMainWindow):
             else:
                 self._finish_prefill(job, ev)
 
-    def _on_tokens(self, ev: TokenText) -> None:
-        if self._answer_chat == self.chat_id:
-            self.chat_view.append_tokens(ev.text, int(ev.level))
-        self._partial_text += ev.text
+    def _on_tokens(self, batch: TokenBatch) -> None:
+        for piece in batch.pieces:
+            if self._answer_chat == self.chat_id:
+                self.chat_view.append_tokens(piece.text, int(piece.level))
+            self._partial_text += piece.text
+            self._partial_segments.append((piece.text, int(piece.level)))
         now = time.monotonic()
-        self._partial_segments.append((ev.text, int(ev.level)))
         if now - self._answer_saved_at >= PARTIAL_SAVE_INTERVAL_S:
             self._save_answer(self._partial_text, {"partial": True, "footer": "interrupted — partial answer"})
             self._answer_saved_at = now

@@ -145,6 +145,7 @@ def stylesheet(c: Colors) -> str:
     QFrame#userBubble {{ background: {c.user_bubble}; border-radius: 12px; }}
     QFrame#answerBubble {{ background: {c.answer_bubble}; border: 1px solid {c.border}; border-radius: 12px; }}
     QFrame#errorBubble {{ background: {c.error_bubble}; border-radius: 12px; }}
+    QFrame#noticeBubble {{ background: {c.chip}; border-radius: 12px; }}
     QLabel#errorText {{ color: {c.error_text}; }}
     QScrollArea {{ border: none; background: transparent; }}
     QSlider::groove:horizontal {{ height: 4px; background: {c.border}; border-radius: 2px; }}

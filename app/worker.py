@@ -73,6 +73,17 @@ class DocumentReady:
 
 
 @dataclass(frozen=True)
+class TokenBatch:
+    """The answer text of one ~50 ms window: the engine's TokenText pieces, adjacent same-level ones merged."""
+
+    pieces: tuple[TokenText, ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.pieces)
+
+
+@dataclass(frozen=True)
 class JobFailed:
     """A command failed. `user_error`: show `message` and carry on; otherwise it is a bug (`details`)."""
 
@@ -126,7 +137,7 @@ class EngineWorker(QObject):
     modelLoading = Signal(object)  # LoadProgress
     modelLoaded = Signal(int, object)  # job, ModelInfo
     documentReady = Signal(object)  # DocumentReady
-    engineEvent = Signal(int, object)  # job, PrefillProgress | TokenText | Metrics | Finished
+    engineEvent = Signal(int, object)  # job, PrefillProgress | TokenBatch | Metrics | Finished
     failed = Signal(object)  # JobFailed
     jobStarted = Signal(int, str)  # job, kind
     jobDone = Signal(int)
@@ -310,9 +321,9 @@ class EngineWorker(QObject):
         cancel_sent = False
 
         def flush_tokens() -> None:
-            for tok in _merge_tokens(pending):
-                self.engineEvent.emit(job, tok)
-            pending.clear()
+            if pending:
+                self.engineEvent.emit(job, TokenBatch(tuple(_merge_tokens(pending))))
+                pending.clear()
 
         if self._is_cancelled(job):  # stopped while queued: never start it
             self.engineEvent.emit(job, Finished(FinishReason.CANCELLED, ""))

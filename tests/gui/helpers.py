@@ -30,6 +30,15 @@ class Heartbeat:
     def stop(self) -> None:
         self.timer.stop()
 
+    def pause(self) -> None:
+        """Stop measuring (e.g. while the test itself holds the GUI thread for a screenshot)."""
+        self.timer.stop()
+        self._last = 0.0
+
+    def resume(self) -> None:
+        self._last = 0.0
+        self.timer.start()
+
     @property
     def max_gap_ms(self) -> float:
         return max(self.gaps, default=0.0)

@@ -1,0 +1,257 @@
+"""Fast GUI checks on a scripted engine (tests/gui/fakes.py): input keys, Markdown without HTML,
+chat list operations, settings snapping and persistence, shortcuts, token coalescing, errors."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QKeySequence
+from PySide6.QtWidgets import QApplication, QFileDialog, QInputDialog, QMessageBox
+
+from app.chat_view import ChatView
+from app.composer import Composer
+from app.settings_panel import CHUNKS, SettingsPanel
+from app.worker import TokenBatch
+from engine.events import FinishReason
+from engine.settings import DecodeSettings
+from tests.gui.fakes import FakeBackend
+
+pytestmark = pytest.mark.gui
+
+
+def test_enter_sends_and_shift_enter_adds_a_line(qtbot):
+    composer = Composer()
+    qtbot.addWidget(composer)
+    sent = []
+    composer.sendRequested.connect(sent.append)
+    qtbot.keyClicks(composer.edit, "first line")
+    qtbot.keyClick(composer.edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(composer.edit, "second line")
+    assert sent == [] and composer.text() == "first line\nsecond line"
+    qtbot.keyClick(composer.edit, Qt.Key.Key_Return)
+    assert sent == ["first line\nsecond line"] and composer.text() == ""
+    composer.set_generating(True)
+    qtbot.keyClicks(composer.edit, "not while answering")
+    qtbot.keyClick(composer.edit, Qt.Key.Key_Return)
+    assert len(sent) == 1 and composer.stop.isVisibleTo(composer) and not composer.send.isVisibleTo(composer)
+
+
+def test_markdown_renders_without_html_and_code_is_monospaced(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(700, 500)
+    w = view.add_message("assistant", "Say **hi** <b>raw</b> <script>x()</script>\n\n```python\nprint(1)\n```\n")
+    doc = w.body.document()
+    plain = doc.toPlainText()
+    assert "<b>raw</b>" in plain and "<script>x()</script>" in plain  # shown as text, never interpreted
+    assert "**" not in plain and "hi" in plain  # Markdown itself is rendered
+    block = doc.findBlock(plain.index("print(1)"))
+    assert block.charFormat().font().fixedPitch() or QApplication.font().family() != \
+        block.charFormat().font().family()
+    frag_font = next(iter_fragments(block)).charFormat().font()
+    assert frag_font.fixedPitch() or "mono" in frag_font.family().lower() or frag_font.styleHint() == frag_font.StyleHint.Monospace
+
+
+def iter_fragments(block):
+    it = block.begin()
+    while not it.atEnd():
+        yield it.fragment()
+        it += 1
+
+
+def test_streaming_answer_and_colour_by_level(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(700, 500)
+    view.start_answer()
+    for text, level in (("Drafted ", 0), ("by ", 0), ("retrieval ", 1), ("and full.", 2)):
+        view.append_tokens(text, level)
+    qtbot.waitUntil(lambda: "and full." in view._widgets[-1].body.toPlainText())
+    view.set_color_levels(True)
+    w = view.finish_answer(None, "4 tokens")
+    doc = w.body.document()
+    colours = {frag.charFormat().foreground().color().name() for frag in iter_fragments(doc.begin())}
+    assert len(colours) == 3  # one colour per level
+    assert w.message.segments == [("Drafted by ", 0), ("retrieval ", 1), ("and full.", 2)]
+    view.set_color_levels(False)
+    assert doc.toPlainText() == "Drafted by retrieval and full."
+
+
+def test_settings_controls_only_make_valid_settings(qtbot):
+    panel = SettingsPanel()
+    qtbot.addWidget(panel)
+    panel.set_context(8192)
+    emitted = []
+    panel.settingsChanged.connect(emitted.append)
+    for chunk_i in range(len(CHUNKS)):
+        panel.chunk.slider.setValue(chunk_i)
+        for step in (panel.budget.slider.minimum(), panel.budget.slider.maximum(), 7):
+            panel.budget.slider.setValue(step)
+            s = panel.settings()
+            s.validate(8192)  # never raises: the controls cannot express an invalid budget
+            assert s.budget % s.chunk == 0 and 2 * s.chunk <= s.budget <= 8192
+    panel.flush()
+    assert emitted and emitted[-1] == panel.settings()
+    # a smaller model shrinks the budget's range and clamps the value
+    panel.budget.slider.setValue(panel.budget.slider.maximum())
+    panel.set_context(2048)
+    assert panel.settings().budget <= 2048 and "2,048 tokens" in panel.budget.range.text()
+    # auto-tune takes over gamma and budget
+    panel.auto.setChecked(True)
+    assert not panel.gamma1.isEnabled() and not panel.budget.isEnabled()
+    # plain AR has no drafter and no retrieval cache
+    panel.auto.setChecked(False)
+    panel.mode.setCurrentIndex(panel.mode.findData("ar"))
+    assert not panel.gamma1.isEnabled() and not panel.chunk.isEnabled()
+
+
+@pytest.fixture
+def fake_window(make_window):
+    return lambda **kw: make_window("fake-model", backend=FakeBackend(**kw))
+
+
+def test_chat_list_new_rename_delete_search(qtbot, fake_window, monkeypatch):
+    window = fake_window(tokens=3)
+    for question in ("What is the ghost?", "Where is Elsinore?"):
+        window.new_chat()
+        with qtbot.waitSignal(window.answerFinished, timeout=10_000):
+            window.send(question)
+    lst = window.chat_list.list
+    assert lst.count() == 2 and lst.item(0).text() == "Where is Elsinore?"
+    # Ctrl+N: an empty chat, nothing stored until something is sent
+    qtbot.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert window.chat_id is None and window.chat_view.messages == [] and lst.count() == 2
+    # rename (double-click opens the dialog)
+    monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Ghost questions", True))
+    window.chat_list._rename(lst.item(1))
+    assert {lst.item(i).text() for i in range(2)} == {"Ghost questions", "Where is Elsinore?"}
+    # search matches titles and message text
+    window.chat_list.search.setText("elsinore")
+    qtbot.waitUntil(lambda: lst.count() == 1)
+    assert lst.item(0).text() == "Where is Elsinore?"
+    window.chat_list.search.setText("")
+    qtbot.waitUntil(lambda: lst.count() == 2)
+    # open, then delete the open chat
+    window.chat_list.list.setCurrentRow(0)
+    opened = window.chat_id
+    assert opened is not None and [m.role for m in window.chat_view.messages] == ["user", "assistant"]
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    window.chat_list._delete(lst.currentItem())
+    assert lst.count() == 1 and window.chat_id is None
+    assert all(c.id != opened for c in window.repo.list_chats())
+
+
+def test_settings_persist_per_chat_and_globally(qtbot, make_window):
+    window = make_window("fake-model", backend=FakeBackend(tokens=2))
+    panel = window.settings_panel
+    panel.temperature.slider.setValue(70)
+    panel.flush()
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000):
+        window.send("Keep my settings")
+    chat_id = window.chat_id
+    session = window.engine.session()
+    assert session.settings.sampling.temperature == pytest.approx(0.7)
+    panel.gamma1.slider.setValue(9)  # a later change goes to this chat too
+    panel.flush()
+    assert session.settings.gamma1 == 9
+    window.close()
+    again = make_window("fake-model", backend=FakeBackend(tokens=2))
+    # global (QSettings): the last settings come back in a new window
+    assert again.settings_panel.settings().gamma1 == 9
+    again.settings_panel.gamma1.slider.setValue(3)
+    again.settings_panel.flush()
+    again.open_chat(chat_id)  # per chat: the chat's own settings win
+    s = again.settings_panel.settings()
+    assert s.gamma1 == 9 and s.sampling.temperature == pytest.approx(0.7)
+    assert again.engine.session().settings.gamma1 == 9
+
+
+def test_shortcuts(qtbot, fake_window, monkeypatch, tmp_path):
+    window = fake_window()
+    keys = {a.text(): a.shortcut() for a in window.actions()}
+    assert keys["New chat"] == QKeySequence(QKeySequence.StandardKey.New)
+    assert keys["Attach…"] == QKeySequence(QKeySequence.StandardKey.Open)
+    assert keys["Stop"] == QKeySequence(Qt.Key.Key_Escape)
+    assert keys["Settings"] == QKeySequence("Ctrl+,")
+    window.settings_action.trigger()
+    assert window.right.currentWidget() is window.settings_panel
+    doc = tmp_path / "notes.md"
+    doc.write_text("# Notes\n\nSome notes about the play.", encoding="utf-8")
+    monkeypatch.setattr(QFileDialog, "getOpenFileNames", lambda *a, **k: ([str(doc)], ""))
+    with qtbot.waitSignal(window.prefillFinished, timeout=10_000):
+        window.attach_action.trigger()
+    assert [c.title for c in window.chips.chips] == ["notes"]
+
+
+def test_tokens_are_coalesced_and_panels_throttled(qtbot, fake_window):
+    window = fake_window(step_s=0.002, tokens=300)  # ~500 tokens/s from the engine
+    pieces, metrics = [], []
+    window.engine.engineEvent.connect(lambda _j, ev: pieces.append(ev) if isinstance(ev, TokenBatch) else None)
+    window.engine.engineEvent.connect(lambda _j, ev: metrics.append(ev) if type(ev).__name__ == "Metrics" else None)
+    with qtbot.waitSignal(window.answerFinished, timeout=20_000) as done:
+        window.send("Fast please")
+    text = "".join(p.text for p in pieces)
+    assert text == done.args[0].text
+    # 300 tokens (levels alternating) in ~0.6-1.5 s arrive as one batch per ~50 ms, not 300 signals
+    assert len(pieces) < 60
+    assert sum(len(b.pieces) for b in pieces) == 300  # nothing merged across levels
+    assert len(metrics) <= 25
+
+
+def test_unexpected_engine_error_is_shown_logged_and_app_keeps_working(qtbot, fake_window, caplog):
+    window = fake_window(tokens=3)
+    session = window.engine.session()
+    original = session.stream
+
+    def broken(*a, **k):
+        raise RuntimeError("kaboom")
+        yield  # pragma: no cover
+
+    session.stream = broken
+    with caplog.at_level(logging.ERROR):
+        with qtbot.waitSignal(window.errorShown, timeout=10_000) as shown:
+            window.send("Will this break?")
+    assert "kaboom" in shown.args[0] and "RuntimeError" in shown.args[0]
+    assert any("Traceback" in r.getMessage() or r.exc_info for r in caplog.records) or "kaboom" in caplog.text
+    assert window.composer.send.isVisible()
+    stored = window.repo.messages(window.chat_id)
+    assert [m.role for m in stored] == ["user"]  # the question is kept; no empty answer
+    session.stream = original
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000) as ok:
+        window.send("And now?")
+    assert ok.args[0].reason == FinishReason.EOS
+
+
+def test_memory_panel_without_gpu(qtbot):
+    from app.panels import MemoryPanel
+    from engine.telemetry import MemorySample
+    panel = MemoryPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.update_sample(MemorySample(0.0, 16 << 30, 12 << 30, 900 << 20, (), "no NVIDIA driver"))
+    assert panel.no_gpu.isVisible() and "No GPU" in panel.no_gpu.text()
+    assert "4.0 GiB / 16.0 GiB" in panel.ram.value.text()
+    assert "900.0 MiB" in panel.process.text()
+
+
+def test_model_picker_shows_the_plan(qtbot, monkeypatch):
+    from app.model_picker import ModelPicker
+    dialog = ModelPicker(current="bundled")
+    qtbot.addWidget(dialog)
+    dialog.show()
+    assert dialog.chosen().spec == "bundled"
+    qtbot.waitUntil(lambda: dialog.plan_text.toPlainText() != "", timeout=5_000)
+    assert "Fits" in dialog.verdict.text()
+    # a preset with a draft model, planned for one RTX 4090
+    for i in range(dialog.list.count()):
+        c = dialog.list.item(i).data(Qt.ItemDataRole.UserRole)
+        if c is not None and c.spec == "meta-llama/Llama-3.1-8B-Instruct":
+            dialog.list.setCurrentRow(i)
+    dialog.profile.setCurrentIndex(dialog.profile.findData("4090"))
+    qtbot.waitUntil(lambda: "cuda:0" in dialog.plan_text.toPlainText(), timeout=5_000)
+    chosen = []
+    dialog.modelChosen.connect(lambda spec, draft: chosen.append((spec, draft)))
+    dialog.load_button.click()
+    assert chosen == [("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct")]
