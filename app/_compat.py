@@ -18,8 +18,8 @@ def immortalize_singletons() -> bool:
     """
     if sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
         return False
-    import PySide6
-    if tuple(int(p) for p in PySide6.__version__.split(".")[:2]) < (6, 12):
+    from PySide6 import __version__ as pyside_version
+    if tuple(int(p) for p in pyside_version.split(".")[:2]) < (6, 12):
         return False
     for obj in (None, True, False):
         refcnt = ctypes.c_ssize_t.from_address(id(obj))  # ob_refcnt: the first field of every PyObject

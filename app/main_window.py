@@ -836,7 +836,8 @@ def _json(d: dict) -> str:
 
 
 def run_app(argv: list[str] | None = None) -> int:
-    """Start the desktop app. The model comes from $TRIFORCE_MODEL (default: the bundled one)."""
+    """Start the desktop app. The model comes from $TRIFORCE_MODEL (default: the last one used,
+    else the bundled one); files named on the command line are attached to a new chat."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv if argv is None else argv)
     QApplication.setApplicationName(APP)
@@ -853,6 +854,9 @@ def run_app(argv: list[str] | None = None) -> int:
         QMessageBox.critical(None, "TriForce Chat", str(exc))
         return 2
     window.show()
+    for path in argv[1:]:
+        if Path(path).is_file():
+            window.attach_file(path)
     return app.exec()
 
 

@@ -111,8 +111,9 @@ class EngineBackend:
         return ChatSession(target, settings, draft=draft, snapshots=self.snapshots())
 
     def snapshots(self) -> Any:
-        """The prefilled-book snapshot store, if the engine has one (an optimisation only)."""
-        return None
+        """Prefilled books on disk: reopening a chat with a long document skips most of its prefill."""
+        from engine.snapshots import SnapshotStore
+        return SnapshotStore()
 
     def read_document(self, path: str) -> DocumentText:
         from engine.documents import read_document
