@@ -24,6 +24,7 @@ class KVCache:
         self._cos: torch.Tensor | None = None
         self._sin: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
+        self._elsewhere: dict[torch.device, tuple] = {}  # the forward's tables on other devices (layer split)
 
     # --- the forward protocol -------------------------------------------------------------
     def begin(self, positions: torch.Tensor, rope: Rotary) -> None:
@@ -34,7 +35,18 @@ class KVCache:
                 f"{self.name} cache is full: {self.length} + {new} tokens exceed its capacity of {self.capacity}; "
                 f"start a new chat or load the model with a larger context")
         self._new = new
+        self._elsewhere = {}
         self._prepare(positions, rope)
+
+    def _tables_on(self, device: torch.device) -> tuple:
+        """(cos, sin, mask) of the forward in progress on `device`: layers split across devices
+        attend on their own card, so the tables are copied there once per forward."""
+        if self._cos is None or self._cos.device == device:
+            return self._cos, self._sin, self._mask
+        if device not in self._elsewhere:
+            self._elsewhere[device] = tuple(t.to(device) if t is not None else None
+                                            for t in (self._cos, self._sin, self._mask))
+        return self._elsewhere[device]
 
     def _prepare(self, positions: torch.Tensor, rope: Rotary) -> None:
         raise NotImplementedError

@@ -25,8 +25,11 @@ class RetrievalCache(KVCache):
         self.full, self.n_heads = full, n_heads
         self.budget, self.chunk, self.headroom = budget, chunk, headroom
         shape = (full.n_kv_heads, self.capacity, full.head_dim)
-        self.keys = [torch.zeros(shape, dtype=full.dtype, device=full.device) for _ in range(full.n_layers)]
-        self.values = [torch.zeros(shape, dtype=full.dtype, device=full.device) for _ in range(full.n_layers)]
+        # each layer on the card that computes it (layer split); the full cache's own layers may
+        # be elsewhere (offloaded to CPU memory): rebuild and sync copy from them
+        self.layer_devices = list(getattr(full, "layer_devices", None) or [full.device] * full.n_layers)
+        self.keys = [torch.zeros(shape, dtype=full.dtype, device=d) for d in self.layer_devices]
+        self.values = [torch.zeros(shape, dtype=full.dtype, device=d) for d in self.layer_devices]
         self.selected = 0  # slots filled by the last rebuild
         self.committed = 0  # slots holding synced tokens (selection + recent); beyond it: speculation
         self.synced_to = 0  # full-cache length this cache mirrors (selection + recent copies)
@@ -38,12 +41,13 @@ class RetrievalCache(KVCache):
         self._mask = causal_mask(self._new, self.length + self._new, self.device)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        q = rotate(q, self._cos, self._sin)  # [Hq, T, D]
-        k = rotate(k, self._cos, self._sin)  # [Hkv, T, D]
+        cos, sin, mask = self._tables_on(q.device)
+        q = rotate(q, cos, sin)  # [Hq, T, D]
+        k = rotate(k, cos, sin)  # [Hkv, T, D]
         start, stop = self.length, self.length + self._new
         self.keys[layer][:, start:stop] = k
         self.values[layer][:, start:stop] = v
-        return gqa_attention(q, self.keys[layer][:, :stop], self.values[layer][:, :stop], self._mask)
+        return gqa_attention(q, self.keys[layer][:, :stop], self.values[layer][:, :stop], mask)
 
     def bytes_per_token(self) -> int:
         return 2 * self.full.n_layers * self.full.n_kv_heads * self.full.head_dim * self.keys[0].element_size()
@@ -74,13 +78,15 @@ class RetrievalCache(KVCache):
         n_kv, dim = self.full.n_kv_heads, self.full.head_dim
         group = self.n_heads // n_kv
         for layer in range(self.full.n_layers):
-            k_full, v_full = self.full.layer_kv(layer, 0, held)  # [Hkv, held, D]
-            chunk_keys = k_full[:, :body].reshape(n_kv, n_chunks, self.chunk, dim).float().mean(2)  # [Hkv, C, D]
-            q = queries[layer].float().reshape(n_kv, group, dim).sum(1)  # [Hkv, D]: sum over the group
+            dev = self.layer_devices[layer]
+            k_full, v_full = self.full.layer_kv(layer, 0, held)  # [Hkv, held, D], maybe in CPU memory
+            chunk_keys = self._chunk_means(k_full, n_chunks, dev)  # [Hkv, C, D] fp32
+            q = queries[layer].to(dev).float().reshape(n_kv, group, dim).sum(1)  # [Hkv, D]: sum over the group
             scores = torch.einsum("hcd,hd->hc", chunk_keys, q)  # [Hkv, C]
             scores[:, 0] = float("inf")  # sinks
             scores[:, -1] = float("inf")  # most recent full chunk
             top = scores.topk(keep_chunks, dim=-1).indices.sort(dim=-1).values  # [Hkv, K] in position order
+            top = top.to(k_full.device)
             token_idx = (top[..., None] * self.chunk + torch.arange(self.chunk, device=top.device)).reshape(n_kv, -1)
             gather = token_idx[..., None].expand(-1, -1, dim)  # [Hkv, budget, D]
             self.keys[layer][:, :self.budget] = k_full.gather(1, gather)
@@ -93,6 +99,31 @@ class RetrievalCache(KVCache):
         self.selected = self.budget
         self.synced_to = held
         self.rebuilds += 1
+
+    # A full cache held elsewhere (CPU memory) is scored in pieces of this many tokens, so the
+    # rebuild never holds a copy of a whole layer's keys on the card.
+    SCORE_PIECE = 16384
+
+    def _chunk_means(self, keys: torch.Tensor, n_chunks: int, device: torch.device) -> torch.Tensor:
+        """Mean key per chunk [Hkv, C, D] in fp32, summed straight from the (reshaped view of the)
+        cache: no fp32 copy of the layer. Keys in another device's memory come over in pieces."""
+        if keys.device == device:
+            n_kv, dim = keys.shape[0], keys.shape[2]
+            return keys[:, :n_chunks * self.chunk].reshape(n_kv, n_chunks, self.chunk, dim).mean(2, dtype=torch.float32)
+        return self._chunk_means_in_pieces(keys, n_chunks, device)
+
+    def _chunk_means_in_pieces(self, keys: torch.Tensor, n_chunks: int, device: torch.device) -> torch.Tensor:
+        n_kv, dim = keys.shape[0], keys.shape[2]
+        per = max(1, self.SCORE_PIECE // self.chunk)
+        parts = []
+        for first in range(0, n_chunks, per):
+            last = min(n_chunks, first + per)
+            a, b = first * self.chunk, last * self.chunk
+            piece = torch.empty((n_kv, b - a, dim), dtype=keys.dtype, device=device)
+            for h in range(n_kv):  # one contiguous block per head: a pinned source copies asynchronously
+                piece[h].copy_(keys[h, a:b], non_blocking=True)
+            parts.append(piece.reshape(n_kv, last - first, self.chunk, dim).mean(2, dtype=torch.float32))
+        return torch.cat(parts, dim=1)
 
     def sync(self) -> None:
         """Drop speculated tokens and append the tokens L2 accepted since the last sync, with

@@ -31,6 +31,11 @@ DEFAULT_HEADROOM = int(1.5 * GiB)  # per GPU: CUDA context, cuBLAS workspace, fr
 DEFAULT_CPU_HEADROOM = 2 * GiB  # kept free in RAM for the app and the OS
 PROFILES = ("cpu", "4090", "4090x2", "auto")
 STAGING_SLOTS = 2  # GPU buffers of one layer's KV each: copy layer i+1 while layer i computes
+SCORE_PIECE_TOKENS = 16384  # RetrievalCache.SCORE_PIECE: offloaded keys come to the card in pieces to be scored
+# Built placements: one card, or layers split across cards (engine/cache_offload.py, the runner's
+# layer_devices). Tensor parallel is modelled (reported as an alternative) but not built, so the
+# planner only picks it when asked to (plan_placement(tensor_parallel=True)).
+TENSOR_PARALLEL_BUILT = False
 
 
 @dataclass(frozen=True)
@@ -280,12 +285,14 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
                    headroom_bytes: int = DEFAULT_HEADROOM, cpu_headroom_bytes: int = DEFAULT_CPU_HEADROOM,
                    dtype_bytes: int | None = None, prefill_chunk: int = 1024,
                    acceptance: Acceptance = Acceptance(), tp_offload: bool = True,
-                   raise_on_misfit: bool = True) -> Plan:
+                   tensor_parallel: bool | None = None, raise_on_misfit: bool = True) -> Plan:
     """Place `target` (+ `draft`) for a cache of `context_tokens` on `devices`.
 
     dtype_bytes: weights and KV; default 2 (bf16) on GPUs, 4 (fp32) on the CPU.
     tp_offload: let tensor parallel offload KV too (each card streams its heads' share);
     False plans tensor parallel only when all KV fits on-chip.
+    tensor_parallel: may the plan *choose* tensor parallel (default: TENSOR_PARALLEL_BUILT,
+    i.e. no: it is not built). It is always computed and reported among the alternatives.
     Raises ContextOverflowError, IncompatibleDraftError, InvalidSettingError on bad input and
     OutOfMemoryPlanError naming what does not fit (unless raise_on_misfit=False, which returns
     the closest plan with fits=False and its shortfalls).
@@ -305,18 +312,20 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
         candidates = _gpu_candidates(sizes, target, draft, spec, headroom_bytes, cpu_headroom_bytes, tp_offload)
     for lay in candidates:
         lay.floors = _floors(lay, sizes, spec, target, settings, rates)
-    fitting = [c for c in candidates if not c.shortfalls]
+    allow_tp = TENSOR_PARALLEL_BUILT if tensor_parallel is None else tensor_parallel
+    choosable = [c for c in candidates if allow_tp or c.mode != "tensor-parallel"]
+    fitting = [c for c in choosable if not c.shortfalls]
     order = {"cpu": 0, "single-gpu": 0, "layer-split": 1, "tensor-parallel": 2}  # ties: simpler wins
     if fitting:
         best = min(fitting, key=lambda c: (round(c.floors.end_to_end_ms, 6), order[c.mode], -_min_spare(c, spec, headroom_bytes)))
     else:
-        best = min(candidates, key=lambda c: sum(b for _, b in c.shortfalls))
+        best = min(choosable, key=lambda c: sum(b for _, b in c.shortfalls))
     if best.shortfalls and raise_on_misfit:
         hint = "use a shorter context, a smaller model or budget, or more memory"
         raise OutOfMemoryPlanError("; ".join(m for m, _ in best.shortfalls) + f": {hint}")
-    alternatives = _alternatives(candidates, spec)
+    alternatives = _alternatives(candidates, spec, allow_tp)
     return Plan(
-        fits=not best.shortfalls, mode=best.mode, mode_reason=_mode_reason(best, alternatives, spec),
+        fits=not best.shortfalls, mode=best.mode, mode_reason=_mode_reason(best, alternatives, spec, allow_tp),
         target=target.name, draft=draft.name if draft else None, decode_mode=settings.mode,
         context_tokens=context_tokens, budget_tokens=_budget(settings, context_tokens), dtype_bytes=dtype,
         kv_layers_total=target.layers, kv_layers_offloaded=sum(d == "cpu" for d in best.kv_devices) if spec.gpus else 0,
@@ -386,10 +395,11 @@ def _sizes(target: ModelShape, draft: ModelShape | None, context: int, settings:
     draft_weights = draft.weight_bytes(dtype) if draft else 0
     draft_window = _draft_capacity(settings)
     kv_row = target.kv_heads * target.head_dim  # one token's keys in one layer, elements
-    # RetrievalCache.rebuild, per layer: an fp32 copy of the layer's keys, fp32 chunk means, and
-    # int64 gather indices for the budget.
-    scratch = (context * kv_row * 4 + math.ceil(context / settings.chunk) * kv_row * 4 + budget * kv_row * 8
-               if retrieval else 0)
+    # RetrievalCache.rebuild, per layer: fp32 chunk means summed straight from the cache (no fp32
+    # copy of the layer), one piece of offloaded keys brought over to be scored, int64 gather
+    # indices and the gathered K/V of the budget before they land in the retrieval buffers.
+    scratch = (math.ceil(context / settings.chunk) * kv_row * 4 + min(SCORE_PIECE_TOKENS, context) * kv_row * dtype
+               + budget * target.kv_heads * 8 + 2 * budget * kv_row * dtype if retrieval else 0)
     return _Sizes(
         layers=target.layers,
         tied=target.tie_embeddings,
@@ -632,7 +642,7 @@ def _end_to_end(settings: DecodeSettings, l0: float, l1: float, l2: float, rates
     return (_drafting_ms(settings, l0, l1, rates) + l2) / _expected_tokens(rate, drafted)
 
 
-def _alternatives(candidates: list[_Layout], spec: DeviceSpec) -> tuple[ModeOption, ...]:
+def _alternatives(candidates: list[_Layout], spec: DeviceSpec, allow_tp: bool = True) -> tuple[ModeOption, ...]:
     """For two or more GPUs: the best of each multi-card mode, fitting or not."""
     if len(spec.gpus) < 2:
         return ()
@@ -651,6 +661,8 @@ def _alternatives(candidates: list[_Layout], spec: DeviceSpec) -> tuple[ModeOpti
             else:
                 off = sum(k == "cpu" for k in c.kv_devices)
                 detail = f"{off} layers offloaded, each card streams its heads' share" if off else "all KV on-chip"
+                if not allow_tp:
+                    detail += "; not built"
             out.append(ModeOption(mode, True, c.floors, detail))
         else:
             c = min(group, key=lambda x: sum(b for _, b in x.shortfalls))
@@ -658,7 +670,7 @@ def _alternatives(candidates: list[_Layout], spec: DeviceSpec) -> tuple[ModeOpti
     return tuple(out)
 
 
-def _mode_reason(best: _Layout, alternatives: tuple[ModeOption, ...], spec: DeviceSpec) -> str:
+def _mode_reason(best: _Layout, alternatives: tuple[ModeOption, ...], spec: DeviceSpec, allow_tp: bool = True) -> str:
     off = sum(d == "cpu" for d in best.kv_devices)
     streamed = f"{off} layers' KV offloaded to pinned CPU memory and streamed over PCIe per L2 forward"
     if best.mode == "cpu":
@@ -671,13 +683,15 @@ def _mode_reason(best: _Layout, alternatives: tuple[ModeOption, ...], spec: Devi
                "all KV fits on-chip and each card reads 1/n of the bytes per forward")
         why += "; layer-split cards take turns, so one card (and one link) works at a time"
     elif best.mode == "layer-split":
-        why = "lowest modelled floor; " + (streamed if off else "all KV on-chip")
+        why = ("lowest modelled floor" + ("" if allow_tp else " of the built modes (tensor parallel is not built)")
+               + "; " + (streamed if off else "all KV on-chip"))
     else:
         why = "it all fits on one card; splitting adds hand-offs or all-reduces without reading fewer bytes per card"
     others = []
     for a in alternatives:
         if a.fits:
-            others.append(f"{a.mode} {a.floors.end_to_end_ms:.1f} ms/token (L2 {a.floors.l2_ms:.1f} ms)")
+            built = "" if allow_tp or a.mode != "tensor-parallel" else ", not built"
+            others.append(f"{a.mode} {a.floors.end_to_end_ms:.1f} ms/token (L2 {a.floors.l2_ms:.1f} ms{built})")
         else:
             others.append(f"{a.mode} does not fit ({a.detail})")
     return f"{why}. Considered: " + "; ".join(others)

@@ -86,41 +86,52 @@ class LlamaRunner:
     """Weights + forward. `device`/`dtype` are where the weights live and compute happens."""
 
     def __init__(self, config, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
-                 max_positions: int | None = None) -> None:
+                 max_positions: int | None = None, layer_devices=None) -> None:
+        """layer_devices: optional device per layer (layer split across cards); the embedding
+        table lives with layer 0 (== `device`), the final norm and lm_head with the last layer."""
         self.config = config
         self.arch = arch = Architecture.from_config(config)
         self.device, self.dtype = torch.device(device), dtype
+        self.layer_devices = [torch.device(d) for d in layer_devices] if layer_devices else [self.device] * arch.n_layers
+        if len(self.layer_devices) != arch.n_layers:
+            raise ValueError(f"layer_devices has {len(self.layer_devices)} entries for {arch.n_layers} layers")
+        self.device = self.layer_devices[0]
+        self.head_device = self.layer_devices[-1]
         self.rope = Rotary(config, arch.head_dim, self.device, max_positions or arch.max_context)
 
-        def take(name: str) -> torch.Tensor:
+        def take(name: str, where: torch.device | None = None) -> torch.Tensor:
             for key in (name, "model." + name):
                 if key in state:
-                    return state[key].to(self.device, dtype)
+                    return state[key].to(where or self.device, dtype)
             raise ModelFormatError(f"weights lack tensor {name!r}: the checkpoint is incomplete or not Llama-family")
 
         self.embed = take("embed_tokens.weight")  # [V, hidden]
-        self.norm = take("norm.weight")
+        self.norm = take("norm.weight", self.head_device)
         lm_head = state.get("lm_head.weight")
-        self.lm_head = self.embed if (lm_head is None or arch.tie_embeddings) else lm_head.to(self.device, dtype)
+        if lm_head is None or arch.tie_embeddings:
+            self.lm_head = self.embed if self.head_device == self.device else self.embed.to(self.head_device)
+        else:
+            self.lm_head = lm_head.to(self.head_device, dtype)
         self.layers: list[_Layer] = []
         for i in range(arch.n_layers):
             p = f"layers.{i}."
+            dev = self.layer_devices[i]
             bias = None
             if arch.qkv_bias:
-                bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+                bias = torch.cat([take(p + f"self_attn.{n}_proj.bias", dev) for n in "qkv"])
             self.layers.append(_Layer(
-                attn_norm=take(p + "input_layernorm.weight"),
-                wqkv=torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]),
+                attn_norm=take(p + "input_layernorm.weight", dev),
+                wqkv=torch.cat([take(p + f"self_attn.{n}_proj.weight", dev) for n in "qkv"]),
                 bqkv=bias,
-                wo=take(p + "self_attn.o_proj.weight"),
-                mlp_norm=take(p + "post_attention_layernorm.weight"),
-                w_gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
-                w_down=take(p + "mlp.down_proj.weight"),
+                wo=take(p + "self_attn.o_proj.weight", dev),
+                mlp_norm=take(p + "post_attention_layernorm.weight", dev),
+                w_gate_up=torch.cat([take(p + "mlp.gate_proj.weight", dev), take(p + "mlp.up_proj.weight", dev)]),
+                w_down=take(p + "mlp.down_proj.weight", dev),
             ))
 
     @classmethod
     def from_folder(cls, folder: Path, config, device: torch.device, dtype: torch.dtype,
-                    max_positions: int | None = None) -> "LlamaRunner":
+                    max_positions: int | None = None, layer_devices=None) -> "LlamaRunner":
         """Load every *.safetensors file in `folder` (sharded checkpoints included)."""
         files = sorted(Path(folder).glob("*.safetensors"))
         if not files:
@@ -130,7 +141,7 @@ class LlamaRunner:
             with safe_open(str(path), framework="pt", device="cpu") as handle:
                 for key in handle.keys():
                     state[key] = handle.get_tensor(key)
-        return cls(config, state, device, dtype, max_positions)
+        return cls(config, state, device, dtype, max_positions, layer_devices)
 
     def nbytes(self) -> int:
         tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
@@ -148,6 +159,8 @@ class LlamaRunner:
         x = self.embed[tokens]  # [T, hidden]
         cache.begin(positions, self.rope)
         for index, layer in enumerate(self.layers):
+            if x.device != self.layer_devices[index]:  # layer split: hand the hidden state to the next card
+                x = x.to(self.layer_devices[index])
             h = rms_norm(x, layer.attn_norm, arch.rms_eps)
             qkv = F.linear(h, layer.wqkv, layer.bqkv)  # [T, (Hq + 2 Hkv) * D]
             q = qkv[:, :q_size].view(n_new, arch.n_heads, arch.head_dim).transpose(0, 1)  # [Hq, T, D]
@@ -161,7 +174,10 @@ class LlamaRunner:
         cache.end()
         if last_only:
             x = x[-1:]
-        return F.linear(rms_norm(x, self.norm, arch.rms_eps), self.lm_head).float()  # [T, V]
+        if x.device != self.head_device:
+            x = x.to(self.head_device)
+        logits = F.linear(rms_norm(x, self.norm, arch.rms_eps), self.lm_head).float()  # [T, V]
+        return logits if logits.device == self.device else logits.to(self.device)
 
 
 def read_config_json(folder: Path) -> dict:

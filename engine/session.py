@@ -37,14 +37,24 @@ class ChatSession:
     """Owns the caches for one conversation with one target (and optional draft) model."""
 
     def __init__(self, target: LoadedModel, settings: DecodeSettings = DecodeSettings(), *,
-                 draft: LoadedModel | str = "ngram", capacity: int | None = None, snapshots=None) -> None:
+                 draft: LoadedModel | str = "ngram", capacity: int | None = None, snapshots=None,
+                 plan=None, cache_factory=None) -> None:
+        """plan: a planner `Plan`; its offloaded layers keep their full KV in pinned CPU memory.
+        cache_factory: `(runner, capacity) -> FullCache` to build the full cache yourself."""
         self.target = target
         arch = target.runner.arch
         self.capacity = min(capacity or arch.max_context, arch.max_context)
         settings.validate(self.capacity)
         self._settings = settings
-        self.full = FullCache(arch.n_layers, arch.n_kv_heads, arch.head_dim, self.capacity,
-                              target.runner.dtype, target.runner.device)
+        if cache_factory is None and plan is not None:
+            from engine.cache_offload import cache_factory_for_plan
+
+            cache_factory = cache_factory_for_plan(plan)
+        if cache_factory is not None:
+            self.full = cache_factory(target.runner, self.capacity)
+        else:
+            self.full = FullCache(arch.n_layers, arch.n_kv_heads, arch.head_dim, self.capacity,
+                                  target.runner.dtype, target.runner.device)
         self.held: list[int] = []  # tokens whose K/V the full cache holds (== full.length)
         self.snapshots = snapshots
         self._cancel = threading.Event()

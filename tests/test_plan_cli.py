@@ -22,7 +22,7 @@ def test_preset_on_one_4090_prints_a_table(tmp_path) -> None:
     r = run_plan(tmp_path, *LLAMA, "--context", "131072", "--devices", "4090")
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "6 of 32 on-chip, 26 offloaded to pinned CPU memory" in out
+    assert "7 of 32 on-chip, 25 offloaded to pinned CPU memory" in out
     assert "cuda:0" in out and "offloaded_kv" in out and "headroom" in out
     assert "L2 full-cache forward" in out and "modelled end-to-end" in out
 
@@ -31,7 +31,7 @@ def test_json_two_4090s(tmp_path) -> None:
     r = run_plan(tmp_path, *LLAMA, "--context", "131072", "--devices", "4090x2", "--json")
     assert r.returncode == 0, r.stderr
     obj = json.loads(r.stdout)
-    assert obj["fits"] is True and obj["kv_layers_offloaded"] == 0 and obj["mode"] == "tensor-parallel"
+    assert obj["fits"] is True and obj["kv_layers_offloaded"] == 0 and obj["mode"] == "layer-split"
     assert {a["mode"] for a in obj["alternatives"]} == {"layer-split", "tensor-parallel"}
 
 

@@ -69,7 +69,8 @@ def _fixed_gpu_bytes(t: ModelShape, d: ModelShape | None, ctx: int = CTX) -> int
     layer_tok = 2 * t.kv_heads * t.head_dim * 2
     retrieval = t.layers * (S.budget + 128) * layer_tok  # RetrievalCache: budget + 128 slots of headroom
     kv_row = t.kv_heads * t.head_dim
-    rebuild = ctx * kv_row * 4 + ctx // S.chunk * kv_row * 4 + S.budget * kv_row * 8  # fp32 keys, means, indices
+    # fp32 chunk means (no fp32 copy of the layer), one 16K-token piece of offloaded keys, indices, gathered K/V
+    rebuild = ctx // S.chunk * kv_row * 4 + 16384 * kv_row * 2 + S.budget * t.kv_heads * 8 + 2 * S.budget * kv_row * 2
     draft = 0
     if d:  # StreamingCache: sinks + window + 64 slack
         draft = d.param_count() * 2 + (S.draft_sinks + S.draft_window + 64) * d.kv_bytes_per_token(2)
@@ -84,18 +85,18 @@ def test_llama31_8b_128k_on_one_4090_offloads_most_layers() -> None:
     room = 24564 * MiB - int(1.5 * GiB)
     layer_kv = CTX * 8 * 128 * 2 * 2  # 512 MiB
     resident = (room - _fixed_gpu_bytes(t, d) - 2 * layer_kv) // layer_kv
-    assert layer_kv == 512 * MiB and resident == 6
+    assert layer_kv == 512 * MiB and resident == 7
     assert plan.fits and plan.mode == "single-gpu"
     assert plan.kv_layers_total == 32
-    assert plan.kv_layers_offloaded == 32 - resident == 26  # most layers offloaded
+    assert plan.kv_layers_offloaded == 32 - resident == 25  # most layers offloaded
     gpu, cpu = plan.device("cuda:0"), plan.device("cpu")
     assert gpu.component("full_kv") == resident * layer_kv
     assert gpu.component("staging") == 2 * layer_kv
-    assert cpu.component("offloaded_kv") == 26 * layer_kv
+    assert cpu.component("offloaded_kv") == 25 * layer_kv
     assert gpu.spare_bytes >= 0
-    # Floors: bytes / bandwidth. L2 is PCIe bound: 26 layers x 512 MiB at 25 GB/s.
+    # Floors: bytes / bandwidth. L2 is PCIe bound: 25 layers x 512 MiB at 25 GB/s.
     f = plan.floors
-    assert f.l2_pcie_ms == pytest.approx(26 * layer_kv / 25e9 * 1e3)  # 558.4 ms
+    assert f.l2_pcie_ms == pytest.approx(25 * layer_kv / 25e9 * 1e3)  # 536.9 ms
     assert f.ar_ms == pytest.approx(f.l2_pcie_ms)  # plain AR pays the whole stream
     head = t.vocab * t.hidden * 2 + t.hidden * 2
     l1_bytes = t.layers * t.layer_params() * 2 + head + 32 * (1024 + 7) * 4096
@@ -113,7 +114,7 @@ def test_llama31_8b_128k_on_two_4090s_fits_on_chip() -> None:
     t, d = shape_for(LLAMA31), shape_for(LLAMA32_1B)
     total_kv = 32 * CTX * 4096  # 16 GiB
     assert t.param_count() * 2 + d.param_count() * 2 + total_kv < 2 * (24564 * MiB - int(1.5 * GiB))
-    plan = plan_placement(t, d, CTX, S, "4090x2")
+    plan = plan_placement(t, d, CTX, S, "4090x2", tensor_parallel=True)
     assert plan.fits and plan.kv_layers_offloaded == 0
     assert plan.mode == "tensor-parallel"
     assert all(dev.spare_bytes >= 0 for dev in plan.devices)
@@ -140,14 +141,26 @@ def test_two_gpus_with_offload_prefer_splitting_heads_over_layers() -> None:
     """Layer-split cards take turns, so one PCIe link works at a time; splitting every offloaded
     layer's KV heads across the cards keeps both links busy and halves L2."""
     t, d = shape_for(YARN), shape_for(LLAMA68M)
-    plan = plan_placement(t, d, CTX, S, "4090x2")
+    plan = plan_placement(t, d, CTX, S, "4090x2", tensor_parallel=True)
     alt = {a.mode: a for a in plan.alternatives}
     assert plan.mode == "tensor-parallel"
     assert alt["layer-split"].fits
     assert plan.floors.l2_ms < 0.6 * alt["layer-split"].floors.l2_ms
-    only_split = plan_placement(t, d, CTX, S, "4090x2", tp_offload=False)
+    only_split = plan_placement(t, d, CTX, S, "4090x2", tp_offload=False, tensor_parallel=True)
     assert only_split.mode == "layer-split"
     assert "does not fit" in only_split.mode_reason
+
+
+def test_default_choice_is_the_built_layer_split() -> None:
+    """Tensor parallel is modelled and reported but not built: by default the plan picks the
+    layer split (what engine/cache_offload.py and the runner's layer_devices implement)."""
+    for shape, draft in ((LLAMA31, LLAMA32_1B), (YARN, LLAMA68M)):
+        plan = plan_placement(shape_for(shape), shape_for(draft), CTX, S, "4090x2")
+        alt = {a.mode: a for a in plan.alternatives}
+        assert plan.mode == "layer-split" and "tensor parallel is not built" in plan.mode_reason
+        assert alt["tensor-parallel"].fits and alt["tensor-parallel"].detail.endswith("not built")
+        assert plan.floors.end_to_end_ms == pytest.approx(alt["layer-split"].floors.end_to_end_ms)
+        assert alt["tensor-parallel"].floors.end_to_end_ms < plan.floors.end_to_end_ms
 
 
 def test_tensor_parallel_needs_divisible_heads() -> None:

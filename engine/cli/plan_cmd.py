@@ -28,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="RAM of the planned machine (GiB); default: 128 for the 4090 profiles, measured otherwise")
     p.add_argument("--tp-offload", action=argparse.BooleanOptionalAction, default=True,
                    help="let tensor parallel offload KV too (each card streams its share of the heads)")
+    p.add_argument("--tensor-parallel", action="store_true", default=None,
+                   help="let the plan choose tensor parallel on two GPUs (modelled only: not built yet)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
@@ -43,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     devices = device_spec(args.devices, ram_bytes=int(args.ram_gib * GiB) if args.ram_gib else None)
     plan = plan_placement(target, draft, args.context, settings, devices,
                           headroom_bytes=int(args.headroom_gib * GiB), tp_offload=args.tp_offload,
+                          tensor_parallel=args.tensor_parallel,
                           raise_on_misfit=False)
     print(plan.to_json() if args.json else describe(plan))
     if not plan.fits:
