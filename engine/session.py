@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import warnings
 import time
 from typing import Iterator, Sequence
 
@@ -18,7 +19,7 @@ from engine.acceptance import sample_token
 from engine.cache_full import FullCache
 from engine.detokenize import StreamingText
 from engine.drafters import ModelDrafter, NgramDrafter, NoDrafter, common_prefix
-from engine.errors import ContextOverflowError, InvalidSettingError
+from engine.errors import ContextOverflowError, InvalidSettingError, UserError
 from engine.events import (ChatMessage, DocumentText, Event, Finished, FinishReason, Level, Metrics,
                            PrefillProgress, TokenText)
 from engine.model import LoadedModel
@@ -254,13 +255,13 @@ class ChatSession:
         if self.snapshots is None:
             return reuse
         match = self.snapshots.find(self._snapshot_key(), tokens)
-        if match is None or match.length <= reuse + 256:
+        if match is None or match.matched <= reuse + 256:
             return reuse
         loaded = self.snapshots.load(match)
         if loaded is None:
             return reuse
         stored_tokens, tensors = loaded
-        n = min(len(stored_tokens), len(tokens) - 1)
+        n = min(match.matched, len(tokens) - 1)
         for layer in range(self.full.n_layers):
             self.full.load_prefix(layer, tensors[f"k.{layer}"][:, :n], tensors[f"v.{layer}"][:, :n])
         self.full.length = n
@@ -275,7 +276,10 @@ class ChatSession:
         for layer in range(self.full.n_layers):
             k, v = self.full.layer_kv(layer, 0, n)
             tensors[f"k.{layer}"], tensors[f"v.{layer}"] = k.cpu(), v.cpu()
-        self.snapshots.save(self._snapshot_key(), tokens[:n], tensors)
+        try:
+            self.snapshots.save(self._snapshot_key(), tokens[:n], tensors)
+        except UserError as exc:  # a full disk must not end the chat; the next prefill just costs more
+            warnings.warn(f"prefill snapshot not saved: {exc}")
 
     # --- metrics -----------------------------------------------------------------------------
     def _metrics(self, prompt_len: int, new_tokens: int, started: float, prefill_done: float | None,

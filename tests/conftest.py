@@ -150,3 +150,15 @@ def sample_passage(bundled_tokenizer) -> Callable[[int], str]:
     from engine.sample_text import sample_passage as cut
 
     return lambda n_tokens, play="hamlet": cut(n_tokens, bundled_tokenizer, play=play)
+
+
+@pytest.fixture(autouse=True)
+def torch_threads(request: pytest.FixtureRequest):
+    """Tiny models run far faster on one thread (thread hand-offs cost more than their matmuls);
+    tests marked `bundled` use every core like the app does."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1 if request.node.get_closest_marker("bundled") else 1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,169 @@
+"""`main.py chat`: ask a question (optionally about documents) from the terminal.
+
+The answer streams to stdout; `--stats` prints one JSON object to stderr at the end. Chats are
+kept in the chat store, so `--chat ID` continues one (also one the app made).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine.errors import ContextOverflowError, InvalidSettingError
+from engine.events import ChatMessage, DocumentText, Finished, PrefillProgress, TokenText
+from engine.settings import MODES, DecodeSettings, Sampling
+
+
+def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by `chat` and `bench`."""
+    parser.add_argument("--model", default="bundled", help="bundled (default), a Hugging Face repo id, a folder or a .gguf file")
+    parser.add_argument("--draft", default="ngram", help="L0 drafter: ngram (default), none, or a draft model spec")
+    parser.add_argument("--mode", default="triforce", choices=MODES)
+    parser.add_argument("--budget", type=int, default=None, help="retrieval-cache budget in tokens (default: auto)")
+    parser.add_argument("--chunk", type=int, default=16, help="tokens per retrieval chunk")
+    parser.add_argument("--gamma1", type=int, default=None, help="tokens L0 drafts per L1 check")
+    parser.add_argument("--gamma2", type=int, default=None, help="tokens L1 drafts per L2 check")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+
+
+def build_settings(args: argparse.Namespace, context_tokens: int) -> DecodeSettings:
+    """Settings from CLI args; the retrieval budget defaults to ~1/8 of the context, multiple of chunk."""
+    chunk = args.chunk
+    budget = args.budget
+    if budget is None:
+        budget = max(2 * chunk, min(4096, (context_tokens // 8) // chunk * chunk))
+    defaults = DecodeSettings()
+    settings = DecodeSettings(
+        mode=args.mode, budget=budget, chunk=chunk,
+        gamma1=args.gamma1 or defaults.gamma1, gamma2=args.gamma2 or defaults.gamma2,
+        max_new_tokens=getattr(args, "max_new_tokens", defaults.max_new_tokens),
+        stop=tuple(getattr(args, "stop", None) or ()),
+        sampling=Sampling(temperature=getattr(args, "temperature", 0.0), top_p=getattr(args, "top_p", 1.0),
+                          top_k=getattr(args, "top_k", 0), seed=getattr(args, "seed", None)),
+    )
+    return settings
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("chat", help="ask a question from the terminal (answer streams to stdout)")
+    parser.add_argument("--ask", required=True, help="the question")
+    parser.add_argument("--doc", action="append", default=[], help="a document to ask about (repeatable)")
+    parser.add_argument("--system", default=None, help="system prompt")
+    parser.add_argument("--chat", type=int, default=None, help="continue stored chat ID (see `main.py chats`)")
+    parser.add_argument("--no-save", action="store_true", help="do not keep this chat in the chat store")
+    parser.add_argument("--no-snapshot", action="store_true", help="neither use nor save prefilled-book snapshots")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--stats", action="store_true", help="print one JSON object of statistics to stderr")
+    parser.add_argument("--progress", action="store_true", help="show prefill progress on stderr")
+    add_decode_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _load_conversation(args, store):
+    """(chat id or None, prior messages, documents) from the store and the command line."""
+    from engine.documents import read_document
+
+    messages: list[ChatMessage] = []
+    documents: list[DocumentText] = []
+    chat_id = args.chat
+    if chat_id is not None:
+        chat = store.get_chat(chat_id)
+        messages = [ChatMessage(m.role, m.text) for m in chat.messages if m.role in ("user", "assistant")]
+        documents = [DocumentText(d.title, d.text, d.source) for d in store.chat_documents(chat_id)]
+    new_docs = [read_document(path) for path in args.doc]
+    return chat_id, messages, documents, new_docs
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.chat_store import ChatStore
+    from engine.model import load_model
+    from engine.session import ChatSession
+
+    if args.max_new_tokens < 1:
+        raise InvalidSettingError(f"--max-new-tokens {args.max_new_tokens} is out of range: use 1 or more")
+    store = None if (args.no_save and args.chat is None) else ChatStore()
+    chat_id, history, documents, new_docs = _load_conversation(args, store) if store else (None, [], [], [])
+    if not store:
+        from engine.documents import read_document
+
+        new_docs = [read_document(path) for path in args.doc]
+    documents = documents + new_docs
+    messages = history + [ChatMessage("user", args.ask)]
+
+    target = load_model(args.model, device=args.device, progress=_progress_printer(args))
+    draft = args.draft if args.draft in ("ngram", "none") else load_model(args.draft, device=args.device)
+    from engine.prompt import render_tokens
+
+    prompt_len = len(render_tokens(target.tokenizer, messages, documents, args.system))
+    needed = prompt_len + args.max_new_tokens
+    if needed > target.max_context:
+        raise ContextOverflowError(
+            f"the prompt is {prompt_len:,} tokens and the answer may take {args.max_new_tokens:,} more "
+            f"({needed:,}), but {target.folder.name} holds {target.max_context:,}: shorten the document, lower "
+            f"--max-new-tokens, or pick a model with a longer context")
+    settings = build_settings(args, prompt_len)
+    snapshots = None
+    if not args.no_snapshot:
+        from engine.snapshots import SnapshotStore
+
+        snapshots = SnapshotStore()
+    capacity = min(target.max_context, needed + 64)
+    session = ChatSession(target, settings, draft=draft, capacity=capacity, snapshots=snapshots)
+
+    final = None
+    for event in session.stream(messages, documents, args.system):
+        if isinstance(event, TokenText):
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif isinstance(event, PrefillProgress) and args.progress:
+            print(f"\rprefill {event.done}/{event.total} (+{event.reused} reused)", end="", file=sys.stderr)
+        elif isinstance(event, Finished):
+            final = event
+    sys.stdout.write("\n")
+    if store is not None:
+        if chat_id is None:
+            chat_id = store.create_chat(args.ask[:60], model_spec=args.model).id
+        for doc in new_docs:
+            store.add_document(chat_id, doc)
+        store.add_message(chat_id, "user", args.ask)
+        store.add_message(chat_id, "assistant", final.text, stats=_stats(final, chat_id))
+    if args.stats:
+        print(json.dumps(_stats(final, chat_id)), file=sys.stderr)
+    return 0
+
+
+def _stats(final: Finished, chat_id) -> dict:
+    m = final.metrics
+    out = {
+        "chat_id": chat_id,
+        "finish_reason": final.reason.value,
+        "mode": m.mode,
+        "prompt_tokens": m.prompt_tokens,
+        "new_tokens": m.new_tokens,
+        "prefill_tokens": m.prefill_tokens,
+        "prefill_tokens_per_s": m.prefill_tokens_per_s,
+        "decode_tokens_per_s": m.decode_tokens_per_s,
+        "time_to_first_token_s": m.time_to_first_token_s,
+        "acceptance": {lv.name: lv.rate for lv in m.levels},
+        "proposed_accepted": {lv.name: [lv.proposed, lv.accepted] for lv in m.levels},
+        "mean_accepted_per_verify": m.mean_accepted_per_verify,
+        "retrieval_rebuilds": m.retrieval_rebuilds,
+        "settings": m.settings_summary,
+    }
+    return out
+
+
+def _progress_printer(args):
+    if not args.progress:
+        return None
+
+    def show(message: str, fraction: float | None) -> None:
+        suffix = f" {fraction:.0%}" if fraction is not None else ""
+        print(f"{message}{suffix}", file=sys.stderr)
+
+    return show

@@ -1,0 +1,173 @@
+"""Under sampling, TriForce's output is distributed exactly as the target's own sampling.
+
+A tiny model with a 12-token vocabulary lets us compute the exact distribution of the generated
+tokens and compare it with many TriForce samples (chi-square). The same test run with the
+reference code's L1 bug (correction drawn from p instead of the residual) must fail it, which
+shows the test has the power to catch that bug.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from engine.acceptance import Verdict, target_probs, verify
+from engine.cache_full import FullCache
+from engine.drafters import ModelDrafter
+from engine.runner import LlamaRunner
+from engine.settings import DecodeSettings, Sampling
+from engine.speculative import HierarchicalDecoder
+
+VOCAB = 12
+SAMPLES = 2000
+SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=0)
+
+
+def tiny_runner(seed: int, logit_scale: float) -> LlamaRunner:
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512, head_dim=8)
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        shapes = {"self_attn.q_proj.weight": (32, 32), "self_attn.k_proj.weight": (16, 32),
+                  "self_attn.v_proj.weight": (16, 32), "self_attn.o_proj.weight": (32, 32),
+                  "mlp.gate_proj.weight": (64, 32), "mlp.up_proj.weight": (64, 32), "mlp.down_proj.weight": (32, 64)}
+        for name, shape in shapes.items():
+            state[p + name] = torch.randn(shape, generator=g) * 0.3
+        state[p + "input_layernorm.weight"] = torch.ones(32)
+        state[p + "post_attention_layernorm.weight"] = torch.ones(32)
+    state["model.embed_tokens.weight"] = torch.randn(VOCAB, 32, generator=g)
+    state["model.norm.weight"] = torch.ones(32)
+    state["lm_head.weight"] = torch.randn(VOCAB, 32, generator=g) * logit_scale  # peaky distributions
+    return LlamaRunner(config, state, torch.device("cpu"), torch.float32)
+
+
+def buggy_l1_verify(draft, draft_probs, target_logits, sampling, generator=None, target=None) -> Verdict:
+    """The published reference code's L1 rule: on rejection it resamples from p, not the residual."""
+    verdict = verify(draft, draft_probs, target_logits, sampling, generator, target)
+    if verdict.accepted < len(draft):
+        p = target if target is not None else target_probs(target_logits, sampling)
+        token = int(torch.multinomial(p[verdict.accepted], 1, generator=generator))
+        return Verdict(verdict.accepted, token, p[verdict.accepted])
+    return verdict
+
+
+PROMPT = [3, 7, 1, 4, 4, 9, 2, 0, 5, 11, 6, 8, 3, 3, 10, 1, 2, 7, 7, 5, 9, 0, 4, 6, 8, 1, 2, 3, 10, 11, 5, 6,
+          7, 2, 9, 4, 1, 0, 8, 3]
+
+
+def exact_distribution(target: LlamaRunner, first: int, steps: int) -> list[torch.Tensor]:
+    """Exact marginals of the next `steps` tokens after PROMPT + [first] under plain sampling."""
+    marginals = []
+    frontier = {(first,): 1.0}
+    for _ in range(steps):
+        nxt: dict[tuple, float] = {}
+        marginal = torch.zeros(VOCAB, dtype=torch.float64)
+        for seq, mass in frontier.items():
+            ids = PROMPT + list(seq)
+            cache = FullCache(2, 2, 8, len(ids), torch.float32, "cpu")
+            logits = target.forward(torch.tensor(ids), torch.arange(len(ids)), cache, last_only=True)
+            probs = target_probs(logits, SAMPLING)[0].double()
+            marginal += mass * probs
+            for tok in range(VOCAB):
+                nxt[seq + (tok,)] = mass * float(probs[tok])
+        frontier = nxt
+        marginals.append(marginal)
+    return marginals
+
+
+def triforce_samples(target: LlamaRunner, draft: LlamaRunner, first: int, steps: int, l1_rule) -> torch.Tensor:
+    """SAMPLES runs of TriForce from the same prefilled prompt; returns counts [steps, VOCAB]."""
+    settings = DecodeSettings(mode="triforce", budget=16, chunk=8, gamma1=2, gamma2=3, sampling=SAMPLING,
+                              max_new_tokens=steps + 1)
+    full = FullCache(2, 2, 8, 256, torch.float32, "cpu")
+    full.capture_query = True
+    target.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), full)
+    query = list(full.last_query)
+    generator = torch.Generator().manual_seed(1234)
+    drafter = ModelDrafter(draft, sinks=2, window=8, max_draft=4)
+    decoder = HierarchicalDecoder(target, full, drafter, settings, generator)
+    decoder.l1_verify = l1_rule
+    counts = torch.zeros(steps, VOCAB, dtype=torch.float64)
+    for _ in range(SAMPLES):
+        full.rollback(len(PROMPT))
+        decoder.after_prefill(query)
+        seq = PROMPT + [first]
+        while len(seq) < len(PROMPT) + 1 + steps:
+            seq += [tok for tok, _ in decoder.step(seq)]
+        for i in range(steps):
+            counts[i, seq[len(PROMPT) + 1 + i]] += 1
+    return counts
+
+
+def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square goodness of fit, bins with expected count < 5 merged."""
+    expected = probs * counts.sum()
+    order = torch.argsort(expected)
+    obs_bins, exp_bins, acc_o, acc_e = [], [], 0.0, 0.0
+    for i in order.tolist():
+        acc_o += float(counts[i])
+        acc_e += float(expected[i])
+        if acc_e >= 5:
+            obs_bins.append(acc_o)
+            exp_bins.append(acc_e)
+            acc_o = acc_e = 0.0
+    if acc_e > 0:
+        obs_bins[-1] += acc_o
+        exp_bins[-1] += acc_e
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs_bins, exp_bins))
+    dof = len(obs_bins) - 1
+    return _chi2_sf(stat, dof)
+
+
+def _chi2_sf(x: float, k: int) -> float:
+    """Survival function of chi-square with k degrees of freedom (regularized upper gamma)."""
+    a, z = k / 2.0, x / 2.0
+    # series for the lower incomplete gamma
+    term = total = 1.0 / a
+    n = 1
+    while abs(term) > 1e-15 * abs(total) and n < 10000:
+        term *= z / (a + n)
+        total += term
+        n += 1
+    lower = total * math.exp(-z + a * math.log(z) - math.lgamma(a)) if z > 0 else 0.0
+    return max(0.0, 1.0 - lower)
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_runner(seed=0, logit_scale=1.5)
+    draft = tiny_runner(seed=1, logit_scale=1.5)  # a different model: many L1 rejections
+    return target, draft
+
+
+STEPS = 2
+
+
+def test_triforce_sampling_matches_exact_target_distribution(models):
+    target, draft = models
+    first = 5
+    exact = exact_distribution(target, first, STEPS)
+    counts = triforce_samples(target, draft, first, STEPS, verify)
+    for i in range(STEPS):
+        p_value = chi_square_p_value(counts[i], exact[i])
+        tv = 0.5 * (counts[i] / SAMPLES - exact[i]).abs().sum().item()
+        assert p_value > 1e-3, f"token {i + 2}: TriForce's distribution differs (p={p_value:.2e}, TV={tv:.3f})"
+
+
+def test_the_test_catches_the_reference_l1_correction_bug(models):
+    target, draft = models
+    first = 5
+    exact = exact_distribution(target, first, STEPS)
+    counts = triforce_samples(target, draft, first, STEPS, buggy_l1_verify)
+    p_values = [chi_square_p_value(counts[i], exact[i]) for i in range(STEPS)]
+    assert min(p_values) < 1e-6, f"the buggy L1 rule went undetected (p={p_values})"
+
+
+def test_chi_square_helper_is_calibrated():
+    probs = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    assert chi_square_p_value(torch.tensor([500.0, 300.0, 200.0]), probs) > 0.99
+    assert chi_square_p_value(torch.tensor([600.0, 250.0, 150.0]), probs) < 1e-6
