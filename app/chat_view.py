@@ -318,9 +318,9 @@ class ChatView(QScrollArea):
         if w is None:
             return None
         if text is not None and text != w.message.text:
+            from app.answer_recorder import fit_segments
             w.message.text = text
-            if "".join(s for s, _ in w.message.segments) != text:
-                w.message.segments = [(text, 2)] if not w.message.segments else w.message.segments
+            w.message.segments = fit_segments(w.message.segments, text)
         w.message.footer = footer
         w.render()
         self._update_actions()

@@ -14,21 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSettings, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
-from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
-                               QProgressBar, QPushButton, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QMessageBox
 
 from app import theme
-from app.chat_list import ChatEntry, ChatList
+from app.answer_recorder import AnswerRecorder
+from app.chat_list import ChatEntry
 from app.chat_repo import ChatRepo, segments_from_spans, to_chat_messages
-from app.chat_view import ChatView
-from app.composer import Composer
-from app.document_chips import DocumentChips, PrefillStrip
 from app.icons import app_icon
-from app.panels import AcceptancePanel, CachePanel, MemoryPanel
 from app.panels.common import fmt_seconds
-from app.settings_panel import SettingsPanel, settings_from_dict, settings_to_dict
+from app.settings_panel import settings_from_dict, settings_to_dict
+from app.window_layout import build_window_layout
 from app.worker import (Conversation, DocumentReady, EngineBackend, EngineController, JobFailed, LoadProgress,
                         ModelInfo, TokenBatch)
 from engine.errors import ContextOverflowError, UserError
@@ -37,7 +34,6 @@ from engine.settings import DecodeSettings
 
 log = logging.getLogger(__name__)
 
-PARTIAL_SAVE_INTERVAL_S = 2.0  # a crash mid-answer loses at most this much of it
 SHOW_PREFILL_MIN_TOKENS = 192  # shorter prompt prefills are too quick to deserve a progress strip
 ORG, APP = "TriForceChat", "TriForce Chat"
 
@@ -58,19 +54,6 @@ def app_settings() -> QSettings:
     """Global preferences, next to the app's data (so TRIFORCE_HOME isolates tests too)."""
     from engine.paths import app_home
     return QSettings(str(app_home() / "app-settings.ini"), QSettings.Format.IniFormat)
-
-
-class DropOverlay(QLabel):
-    """Shown over the window while files are dragged onto it."""
-
-    def __init__(self, parent: QWidget) -> None:
-        super().__init__("Drop to add to this chat", parent)
-        self.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        c = theme.colors()
-        self.setStyleSheet(f"QLabel {{ background: rgba(20, 22, 30, 150); color: white; font-size: 18pt;"
-                           f" font-weight: 600; border: 3px dashed {c.accent}; border-radius: 16px; }}")
-        self.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
-        self.hide()
 
 
 class MainWindow(QMainWindow):
@@ -106,12 +89,10 @@ class MainWindow(QMainWindow):
         self._stream_job = 0
         self._load_job = 0
         self._count_job = 0
-        self._answer_chat: int | None = None  # the chat the streaming answer belongs to
-        self._answer_index: int | None = None  # store index of the (partial) answer
-        self._answer_saved_at = 0.0
+        self._answer: AnswerRecorder | None = None  # the streaming answer (its chat may not be shown)
         self._prefill_job_shown = 0
         self._closing = False
-        self._build_ui(initial)
+        build_window_layout(self, initial)
         self._wire()
         self._refresh_chats()
         self.memory.start(enabled=sample_memory)
@@ -121,102 +102,6 @@ class MainWindow(QMainWindow):
             self._set_model_status("No model loaded — choose one with Model…")
 
     # ----------------------------------------------------------------------------- layout
-
-    def _build_ui(self, initial: DecodeSettings) -> None:
-        splitter = QSplitter(Qt.Orientation.Horizontal)
-        splitter.setChildrenCollapsible(False)
-        splitter.setHandleWidth(1)
-        self.chat_list = ChatList()
-        self.chat_list.setMinimumWidth(200)
-        splitter.addWidget(self.chat_list)
-
-        center = QWidget()
-        center.setObjectName("conversation")
-        center.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        col = QVBoxLayout(center)
-        col.setContentsMargins(0, 0, 0, 0)
-        col.setSpacing(0)
-        header = QFrame()
-        header.setObjectName("chatHeader")
-        hl = QHBoxLayout(header)
-        hl.setContentsMargins(20, 10, 14, 10)
-        self.title_label = QLabel("New chat")
-        self.title_label.setObjectName("chatTitle")
-        hl.addWidget(self.title_label, 1)
-        self.context_label = QLabel()
-        self.context_label.setObjectName("muted")
-        hl.addWidget(self.context_label)
-        self.model_button = QPushButton("Model…")
-        self.model_button.setToolTip("Choose the model (bundled, presets, local folders, .gguf, Hugging Face)")
-        hl.addWidget(self.model_button)
-        col.addWidget(header)
-        self.chat_view = ChatView()
-        col.addWidget(self.chat_view, 1)
-        bottom = QWidget()
-        bl = QVBoxLayout(bottom)
-        bl.setContentsMargins(20, 8, 20, 12)
-        bl.setSpacing(6)
-        self.prefill_strip = PrefillStrip()
-        bl.addWidget(self.prefill_strip)
-        self.chips = DocumentChips()
-        bl.addWidget(self.chips)
-        self.composer = Composer()
-        bl.addWidget(self.composer)
-        col.addWidget(bottom)
-        splitter.addWidget(center)
-
-        self.right = QTabWidget()
-        self.right.setObjectName("rightPane")
-        self.right.setMinimumWidth(300)
-        live = QWidget()
-        live.setObjectName("rightPane")
-        ll = QVBoxLayout(live)
-        ll.setContentsMargins(10, 10, 10, 10)
-        ll.setSpacing(10)
-        self.cache_panel = CachePanel()
-        self.acceptance_panel = AcceptancePanel()
-        self.memory = MemoryPanel()
-        for w in (self.acceptance_panel, self.cache_panel, self.memory):
-            ll.addWidget(w)
-        ll.addStretch(1)
-        self.right.addTab(live, "Live")
-        self.settings_panel = SettingsPanel()
-        self.settings_panel.set_settings(initial)
-        self.cache_panel.set_settings(initial)
-        self.right.addTab(self.settings_panel, "Settings")
-        splitter.addWidget(self.right)
-        splitter.setStretchFactor(0, 0)
-        splitter.setStretchFactor(1, 1)
-        splitter.setStretchFactor(2, 0)
-        splitter.setSizes([240, 820, 360])
-        self.splitter = splitter
-        self.setCentralWidget(splitter)
-
-        sb = self.statusBar()
-        self.status_label = QLabel()
-        sb.addWidget(self.status_label, 1)
-        self.load_bar = QProgressBar()
-        self.load_bar.setMaximumWidth(220)
-        self.load_bar.setRange(0, 1000)
-        self.load_bar.hide()
-        sb.addPermanentWidget(self.load_bar)
-        self.load_cancel = QPushButton("Cancel")
-        self.load_cancel.hide()
-        sb.addPermanentWidget(self.load_cancel)
-        self.drop_overlay = DropOverlay(self)
-
-        def action(text: str, keys: Any, slot: Any) -> QAction:
-            act = QAction(text, self)
-            act.setShortcut(QKeySequence(keys))
-            act.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-            act.triggered.connect(slot)
-            self.addAction(act)
-            return act
-
-        self.new_action = action("New chat", QKeySequence.StandardKey.New, self.new_chat)
-        self.attach_action = action("Attach…", QKeySequence.StandardKey.Open, self.attach_dialog)
-        self.stop_action = action("Stop", Qt.Key.Key_Escape, self.stop)
-        self.settings_action = action("Settings", QKeySequence("Ctrl+,"), self.show_settings)
 
     def _wire(self) -> None:
         e = self.engine
@@ -455,19 +340,21 @@ class MainWindow(QMainWindow):
                 self._finish_prefill(job, ev)
 
     def _on_tokens(self, batch: TokenBatch) -> None:
-        for piece in batch.pieces:
-            if self._answer_chat == self.chat_id:
+        answer = self._answer
+        if answer is None:
+            return
+        if answer.chat_id == self.chat_id:
+            for piece in batch.pieces:
                 self.chat_view.append_tokens(piece.text, int(piece.level))
-            self._partial_text += piece.text
-            self._partial_segments.append((piece.text, int(piece.level)))
-        now = time.monotonic()
-        if now - self._answer_saved_at >= PARTIAL_SAVE_INTERVAL_S:
-            self._save_answer(self._partial_text, {"partial": True, "footer": "interrupted — partial answer"})
-            self._answer_saved_at = now
+        answer.add(batch)
 
     def _finish_answer(self, job: int, ev: Finished) -> None:
-        text = ev.text if ev.text else self._partial_text
-        chat = self._answer_chat
+        answer = self._answer
+        if answer is None:
+            return
+        self._answer = None
+        text = ev.text if ev.text else answer.text
+        chat = answer.chat_id
         visible = chat == self.chat_id
         self._stream_job = 0
         self.composer.set_generating(False)
@@ -475,9 +362,9 @@ class MainWindow(QMainWindow):
             self.prefill_strip.finish()
         if ev.reason == FinishReason.ERROR:
             if text.strip():
-                self._save_answer(text, {"partial": True, "error": ev.message, "footer": "stopped by an error"})
-            elif self._answer_index is not None:
-                self.repo.delete_messages_from(chat, self._answer_index)
+                answer.save(text, {"partial": True, "error": ev.message, "footer": "stopped by an error"})
+            else:
+                answer.discard()
             if visible:
                 if text.strip():
                     self.chat_view.finish_answer(text, "stopped by an error")
@@ -486,9 +373,7 @@ class MainWindow(QMainWindow):
                     self.chat_view.drop_streaming()
                 self._show_error(ev.message or "The answer failed.")
         elif not text.strip():
-            # nothing came out (stopped before the first token): keep the store as it was
-            if self._answer_index is not None:
-                self.repo.delete_messages_from(chat, self._answer_index)
+            answer.discard()  # nothing came out (stopped before the first token): keep the store as it was
             if visible:
                 self.chat_view.drop_streaming()
         else:
@@ -497,12 +382,10 @@ class MainWindow(QMainWindow):
             meta = {"partial": True} if partial else {}
             meta["footer"] = footer
             meta["reason"] = ev.reason.value
-            self._save_answer(text, meta)
+            answer.save(text, meta)
             self._append_message(chat, "assistant", text)
             if visible:
                 self.chat_view.finish_answer(text, footer)
-        self._answer_chat = None
-        self._answer_index = None
         self._refresh_chats()
         self.answerFinished.emit(ev)
 
@@ -573,11 +456,7 @@ class MainWindow(QMainWindow):
     # ----------------------------------------------------------------------------- helpers
 
     def _start_stream(self, chat_id: int) -> None:
-        self._answer_chat = chat_id
-        self._answer_index = None
-        self._answer_saved_at = time.monotonic()
-        self._partial_text = ""
-        self._partial_segments: list[tuple[str, int]] = []
+        self._answer = AnswerRecorder(self.repo, chat_id)
         self.acceptance_panel.start_answer()
         self.chat_view.start_answer()
         conversation = Conversation(tuple(self.messages), tuple(a.document for a in self.documents),
@@ -585,16 +464,6 @@ class MainWindow(QMainWindow):
         self._stream_job = self.engine.stream(conversation)
         self._jobs[self._stream_job] = "stream"
         self.composer.set_generating(True)
-
-    def _save_answer(self, text: str, meta: dict) -> None:
-        chat = self._answer_chat
-        if chat is None:
-            return
-        segments = self._partial_segments if "".join(t for t, _ in self._partial_segments) == text else ()
-        if self._answer_index is None:
-            self._answer_index = self.repo.add_message(chat, "assistant", text, meta, segments)
-        else:
-            self.repo.update_message(chat, self._answer_index, text, meta, segments)
 
     def _append_message(self, chat: int | None, role: str, text: str) -> None:
         if chat == self.chat_id:

@@ -3,7 +3,6 @@ chat list operations, settings snapping and persistence, shortcuts, token coales
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
@@ -15,7 +14,6 @@ from app.composer import Composer
 from app.settings_panel import CHUNKS, SettingsPanel
 from app.worker import TokenBatch
 from engine.events import FinishReason
-from engine.settings import DecodeSettings
 from tests.gui.fakes import FakeBackend
 
 pytestmark = pytest.mark.gui
