@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig
 
 from engine.acceptance import Verdict, target_probs, verify
 from engine.cache_full import FullCache
@@ -19,6 +18,7 @@ from engine.drafters import ModelDrafter
 from engine.runner import LlamaRunner
 from engine.settings import DecodeSettings, Sampling
 from engine.speculative import HierarchicalDecoder
+from random_models import random_runner
 
 VOCAB = 12
 SAMPLES = 2000
@@ -26,23 +26,7 @@ SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=0)
 
 
 def tiny_runner(seed: int, logit_scale: float) -> LlamaRunner:
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512, head_dim=8)
-    g = torch.Generator().manual_seed(seed)
-    state = {}
-    for i in range(2):
-        p = f"model.layers.{i}."
-        shapes = {"self_attn.q_proj.weight": (32, 32), "self_attn.k_proj.weight": (16, 32),
-                  "self_attn.v_proj.weight": (16, 32), "self_attn.o_proj.weight": (32, 32),
-                  "mlp.gate_proj.weight": (64, 32), "mlp.up_proj.weight": (64, 32), "mlp.down_proj.weight": (32, 64)}
-        for name, shape in shapes.items():
-            state[p + name] = torch.randn(shape, generator=g) * 0.3
-        state[p + "input_layernorm.weight"] = torch.ones(32)
-        state[p + "post_attention_layernorm.weight"] = torch.ones(32)
-    state["model.embed_tokens.weight"] = torch.randn(VOCAB, 32, generator=g)
-    state["model.norm.weight"] = torch.ones(32)
-    state["lm_head.weight"] = torch.randn(VOCAB, 32, generator=g) * logit_scale  # peaky distributions
-    return LlamaRunner(config, state, torch.device("cpu"), torch.float32)
+    return random_runner(seed, vocab=VOCAB, hidden=32, logit_scale=logit_scale)
 
 
 def buggy_l1_verify(draft, draft_probs, target_logits, sampling, generator=None, target=None) -> Verdict:

@@ -1,0 +1,82 @@
+"""Checks that need an NVIDIA GPU (skipped elsewhere; CI has none). Run on a GPU machine with
+`python -m pytest tests/test_cuda.py`: the offloaded cache's side-stream prefetch and the
+hierarchical loop's losslessness on CUDA."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.cache_full import FullCache
+from engine.cache_offload import OffloadedCache
+from engine.drafters import ModelDrafter, NgramDrafter
+from engine.settings import DecodeSettings
+from engine.speculative import HierarchicalDecoder
+from random_models import random_runner
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+CAP = 4096
+
+
+def _prompt(n: int, vocab: int) -> list[int]:
+    g = torch.Generator().manual_seed(7)
+    base = torch.randint(0, vocab, (n // 4,), generator=g).tolist()
+    return (base * 4)[:n]  # repetitive, so n-gram drafts get accepted sometimes
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_offloaded_cache_equals_resident_on_cuda(prefetch):
+    runner = random_runner(0, vocab=512, hidden=256, layers=6, heads=8, kv_heads=2, device="cuda",
+                           dtype=torch.bfloat16)
+    a = runner.arch
+    full = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device)
+    off = OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device,
+                         [1, 2, 3, 4, 5], prefetch=prefetch)
+    ids = torch.tensor(_prompt(3000, 512), device="cuda")
+    for cache in (full, off):
+        cache.capture_query = True
+    outs = [runner.forward(ids[:2900], torch.arange(2900, device="cuda"), c, last_only=True) for c in (full, off)]
+    assert torch.equal(outs[0], outs[1])
+    for step in range(5):  # verify 7 tokens, keep 3, repeat: exercises write-back and rollback
+        start = full.length
+        outs = [runner.forward(ids[start:start + 7], torch.arange(start, start + 7, device="cuda"), c)
+                for c in (full, off)]
+        assert torch.equal(outs[0], outs[1]), f"step {step}"
+        full.rollback(start + 3)
+        off.rollback(start + 3)
+    torch.cuda.synchronize()
+    for layer in range(a.n_layers):
+        k_full, v_full = full.layer_kv(layer, 0, full.length)
+        k_off, v_off = off.layer_kv(layer, 0, off.length)
+        assert torch.equal(k_full.cpu(), k_off.cpu()) and torch.equal(v_full.cpu(), v_off.cpu())
+
+
+def _generate(target, drafter, mode: str, prompt: list[int], n: int, offload: bool) -> list[int]:
+    a = target.arch
+    if offload:
+        full = OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, target.dtype, target.device,
+                              list(range(1, a.n_layers)))
+    else:
+        full = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, target.dtype, target.device)
+    settings = DecodeSettings(mode=mode, budget=256, chunk=16, gamma1=3, gamma2=6, max_new_tokens=n)
+    full.capture_query = True
+    logits = target.forward(torch.tensor(prompt, device=target.device),
+                            torch.arange(len(prompt), device=target.device), full, last_only=True)[0]
+    decoder = HierarchicalDecoder(target, full, drafter, settings, torch.Generator().manual_seed(0))
+    decoder.after_prefill(list(full.last_query))
+    seq = prompt + [int(logits.argmax())]
+    while len(seq) < len(prompt) + n:
+        seq += [tok for tok, _ in decoder.step(seq)]
+    return seq[len(prompt):len(prompt) + n]
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_every_mode_matches_ar_on_cuda_float32(offload):
+    target = random_runner(0, vocab=256, hidden=128, layers=4, heads=4, kv_heads=2, device="cuda")
+    draft = random_runner(3, vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, device="cuda")
+    prompt = _prompt(1500, 256)
+    reference = _generate(target, NgramDrafter(), "ar", prompt, 96, offload=False)
+    for mode, drafter in (("triforce", ModelDrafter(draft, 4, 124, 8)), ("triforce", NgramDrafter()),
+                          ("retrieval-only", NgramDrafter()), ("draft-only", ModelDrafter(draft, 4, 124, 8))):
+        got = _generate(target, drafter, mode, prompt, 96, offload)
+        assert got == reference, f"{mode} with {type(drafter).__name__} differs from AR"
