@@ -10,7 +10,6 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QMessageBo
 
 from app import theme
 from app.answer_recorder import AnswerRecorder
+from app.chat_documents import ChatDocuments, Ingest
 from app.chat_list import ChatEntry
 from app.chat_repo import ChatRepo, segments_from_spans, to_chat_messages
 from app.icons import app_icon
@@ -29,25 +29,13 @@ from app.window_layout import build_window_layout
 from app.worker import (Conversation, DocumentReady, EngineBackend, EngineController, JobFailed, LoadProgress,
                         ModelInfo, TokenBatch)
 from engine.errors import ContextOverflowError, UserError
-from engine.events import ChatMessage, DocumentText, Finished, FinishReason, Metrics, PrefillProgress
+from engine.events import ChatMessage, Finished, FinishReason, Metrics, PrefillProgress
 from engine.settings import DecodeSettings
 
 log = logging.getLogger(__name__)
 
 SHOW_PREFILL_MIN_TOKENS = 192  # shorter prompt prefills are too quick to deserve a progress strip
 ORG, APP = "TriForceChat", "TriForce Chat"
-
-
-@dataclass
-class AttachedDocument:
-    key: int  # the chip's key (local counter)
-    document: DocumentText
-    tokens: int | None
-    sha256: str | None  # set once it is in the store
-
-    @property
-    def saved(self) -> bool:
-        return self.sha256 is not None
 
 
 def app_settings() -> QSettings:
@@ -81,11 +69,10 @@ class MainWindow(QMainWindow):
         self.model: ModelInfo | None = None
         self.chat_id: int | None = None
         self.messages: list[ChatMessage] = []
-        self.documents: list[AttachedDocument] = []
-        self._doc_counter = 0
         self._search = ""
         self._jobs: dict[int, str] = {}  # running/queued job -> kind
-        self._ingest_docs: dict[int, AttachedDocument] = {}  # ingest job -> its document
+        self._ingests: dict[int, Ingest] = {}  # ingest job -> what it read, for which chat
+        self._queued_paths: list[str] = []  # dropped while another ingest runs
         self._stream_job = 0
         self._load_job = 0
         self._count_job = 0
@@ -93,6 +80,7 @@ class MainWindow(QMainWindow):
         self._prefill_job_shown = 0
         self._closing = False
         build_window_layout(self, initial)
+        self.documents = ChatDocuments(self.repo, self.chips)
         self._wire()
         self._refresh_chats()
         self.memory.start(enabled=sample_memory)
@@ -151,8 +139,7 @@ class MainWindow(QMainWindow):
         self._leave_chat()
         self.chat_id = None
         self.messages = []
-        self.documents = []
-        self.chips.clear()
+        self.documents.clear()
         self.chat_view.clear()
         self.title_label.setText("New chat")
         self.chat_list.select(None)
@@ -171,10 +158,7 @@ class MainWindow(QMainWindow):
             if m.role in ("user", "assistant"):
                 self.chat_view.add_message(m.role, m.text, str(m.stats.get("footer", "")), store_index=m.idx,
                                            segments=segments_from_spans(m.text, m.level_spans))
-        self.chips.clear()
-        self.documents = []
-        for doc in self.repo.documents(chat_id, self.model.model_id if self.model else ""):
-            self._attach(doc, doc.meta.get("tokens"), sha256=doc.meta.get("sha256"))
+        self.documents.load(chat_id, self._model_id())
         self._count_uncounted()
         self.title_label.setText(self.repo.title(chat_id))
         saved = self.repo.get_settings(chat_id)
@@ -194,7 +178,7 @@ class MainWindow(QMainWindow):
         self.settings_panel.flush()
         chat_id = self._ensure_chat(text)
         index = self.repo.add_message(chat_id, "user", text)  # saved before it is sent (crash-safe)
-        self._persist_pending_documents()
+        self.documents.save_pending(chat_id, self._model_id())  # the question relies on them
         self.messages.append(ChatMessage("user", text))
         self.chat_view.add_message("user", text, store_index=index)
         self._start_stream(chat_id)
@@ -223,16 +207,24 @@ class MainWindow(QMainWindow):
         paths, _ = QFileDialog.getOpenFileNames(
             self, "Attach documents", str(Path.home()),
             "Documents (*.txt *.md *.markdown *.pdf *.docx *.epub *.html *.htm *.rst *.csv *.tsv *.log);;All files (*)")
-        for path in paths:
-            self.attach_file(path)
+        if paths:
+            self.attach_files(paths)
 
     def attach_file(self, path: str) -> None:
-        """Read, count, check and prefill a document (all in the worker)."""
-        conversation = Conversation(tuple(self.messages), tuple(a.document for a in self.documents),
-                                    self._system_prompt())
-        job = self.engine.ingest(path, conversation)
+        self.attach_files([path])
+
+    def attach_files(self, paths: list[str]) -> None:
+        """Read, count, check and prefill documents (all in the worker). Files dropped while
+        another ingest runs wait for it, so each prefill sees the documents before it."""
+        if any(kind == "ingest" for kind in self._jobs.values()):
+            self._queued_paths.extend(paths)
+            return
+        conversation = Conversation(tuple(self.messages), self.documents.texts(), self._system_prompt())
+        job = self.engine.ingest(paths, conversation)
         self._jobs[job] = "ingest"
-        self.prefill_strip.start(f"Reading {Path(path).name}")
+        self._ingests[job] = Ingest(self.chat_id, tuple(paths))
+        names = ", ".join(Path(p).name for p in paths)
+        self.prefill_strip.start(f"Reading {names}")
         self._prefill_job_shown = job
 
     def show_settings(self) -> None:
@@ -276,13 +268,7 @@ class MainWindow(QMainWindow):
             self.cache_panel.set_settings(session.settings)
         self._set_model_status(f"{info.name} · {info.device} · {info.max_context:,}-token context · drafter: {info.draft}")
         self.model_button.setText(f"{info.name}  ▾")
-        if self.chat_id is not None:  # token counts depend on the tokenizer: use this model's
-            known = {d.meta.get("sha256"): d.meta.get("tokens") for d in self.repo.documents(self.chat_id, info.model_id)}
-            for a in self.documents:
-                a.tokens = known.get(a.sha256) if a.saved else a.tokens
-                chip = self.chips.find(a.key)
-                if chip:
-                    chip.set_tokens(a.tokens)
+        self.documents.recount(self.chat_id, info.model_id)  # token counts depend on the tokenizer
         self._count_uncounted()
         self._update_context_label()
         self.modelReady.emit(info)
@@ -291,21 +277,17 @@ class MainWindow(QMainWindow):
         if ev.job == self._count_job:
             for a in self.documents:
                 if a.document == ev.document and a.tokens is None:
-                    a.tokens = ev.tokens
-                    chip = self.chips.find(a.key)
-                    if chip:
-                        chip.set_tokens(ev.tokens)
+                    self.documents.set_tokens(a, ev.tokens)
                     if a.saved and self.chat_id is not None and self.model is not None:
                         self.repo.set_token_count(self.chat_id, a.sha256, self.model.model_id, ev.tokens)
             self._update_context_label()
             return
-        if self._jobs.get(ev.job) != "ingest":
-            return
-        doc = DocumentText(ev.document.title, ev.document.text, ev.document.source,
-                           {**(ev.document.meta or {}), "tokens": ev.tokens})
-        attached = self._attach(doc, ev.tokens, sha256=None)
-        self._ingest_docs[ev.job] = attached
-        self.prefill_strip.start(f"Reading {doc.title}")
+        ingest = self._ingests.get(ev.job)
+        if ingest is None or ingest.chat_id != self.chat_id:
+            return  # the user moved to another chat; this job is being cancelled
+        attached = self.documents.add(ev.document, ev.tokens)
+        ingest.documents.append(attached)
+        self.prefill_strip.start("Reading " + ", ".join(a.document.title for a in ingest.documents))
         self.documentAdded.emit(attached)
         self._update_context_label()
 
@@ -392,19 +374,26 @@ class MainWindow(QMainWindow):
     def _finish_prefill(self, job: int, ev: Finished) -> None:
         if self._prefill_job_shown == job:
             self.prefill_strip.finish()
-        attached = self._ingest_docs.pop(job, None)
-        if attached is None:
-            self.prefillFinished.emit(ev)
-            return
-        if ev.reason == FinishReason.CANCELLED and not attached.saved:
-            self._detach(attached)
-            self._notice(f"Stopped reading “{attached.document.title}”; it was not added to the chat.")
+        ingest = self._ingests.pop(job, None)
+        docs = ingest.documents if ingest is not None and ingest.chat_id == self.chat_id else []
+        titles = ", ".join(f"“{a.document.title}”" for a in docs)
+        if ev.reason == FinishReason.CANCELLED:
+            unsaved = [a for a in docs if not a.saved]
+            for a in unsaved:
+                self.documents.drop(a)
+            if unsaved:
+                self._notice(f"Stopped reading {titles}; not added to the chat.")
         elif ev.reason == FinishReason.ERROR:
-            if not attached.saved:
-                self._detach(attached)
-            self._show_error(ev.message or f"Could not read “{attached.document.title}”.")
-        else:
-            self._persist_document(attached)
+            for a in docs:
+                if not a.saved:
+                    self.documents.drop(a)
+            self._show_error(ev.message or f"Could not read {titles or 'the document'}.")
+        elif docs:
+            chat_id = self._ensure_chat(docs[0].document.title)
+            for a in docs:
+                self.documents.save(a, chat_id, self._model_id())
+            self._refresh_chats()
+        self._update_context_label()
         self.prefillFinished.emit(ev)
 
     def _on_failed(self, f: JobFailed) -> None:
@@ -426,16 +415,21 @@ class MainWindow(QMainWindow):
                 log.error("stream failed: %s", f.details)
             return
         if kind == "ingest":
+            name = Path(f.path).name if f.path else "the documents"
+            if f.path:  # one file could not be read; the others of the job go on
+                self._show_error(f.message if f.user_error else f"Could not add {name}: {f.message}", f.details)
+                return
             if self._prefill_job_shown == f.job:
                 self.prefill_strip.finish()
-            attached = self._ingest_docs.pop(f.job, None)
-            if attached is not None and not attached.saved:
-                self._detach(attached)
+            ingest = self._ingests.pop(f.job, None)
+            for a in ingest.documents if ingest is not None else ():
+                if not a.saved:
+                    self.documents.drop(a)
             if isinstance(f.error, ContextOverflowError):
                 self._show_overflow(f)
             else:
-                name = Path(f.path).name if f.path else "the document"
                 self._show_error(f.message if f.user_error else f"Could not add {name}: {f.message}", f.details)
+            self._update_context_label()
             self.prefillFinished.emit(Finished(FinishReason.ERROR, "", f.message))
             return
         if kind == "prefill":
@@ -444,6 +438,11 @@ class MainWindow(QMainWindow):
 
     def _on_job_done(self, job: int) -> None:
         kind = self._jobs.pop(job, None)
+        if kind == "ingest":
+            self._ingests.pop(job, None)  # e.g. every file failed to read: nothing to prefill
+            if self._queued_paths:
+                paths, self._queued_paths = self._queued_paths, []
+                self.attach_files(paths)
         if kind == "load":
             self.load_bar.hide()
             self.load_cancel.hide()
@@ -459,8 +458,7 @@ class MainWindow(QMainWindow):
         self._answer = AnswerRecorder(self.repo, chat_id)
         self.acceptance_panel.start_answer()
         self.chat_view.start_answer()
-        conversation = Conversation(tuple(self.messages), tuple(a.document for a in self.documents),
-                                    self._system_prompt())
+        conversation = Conversation(tuple(self.messages), self.documents.texts(), self._system_prompt())
         self._stream_job = self.engine.stream(conversation)
         self._jobs[self._stream_job] = "stream"
         self.composer.set_generating(True)
@@ -478,49 +476,24 @@ class MainWindow(QMainWindow):
             self._refresh_chats()
         return self.chat_id
 
-    def _attach(self, doc: DocumentText, tokens: int | None, sha256: str | None) -> AttachedDocument:
-        self._doc_counter += 1
-        attached = AttachedDocument(self._doc_counter, doc, tokens, sha256)
-        self.documents.append(attached)
-        self.chips.add(attached.key, doc.title, tokens)
-        return attached
-
-    def _detach(self, attached: AttachedDocument) -> None:
-        if attached in self.documents:
-            self.documents.remove(attached)
-        self.chips.remove(attached.key)
-        self._update_context_label()
-
-    def _persist_document(self, attached: AttachedDocument) -> None:
-        if attached.saved:
-            return
-        chat_id = self._ensure_chat(attached.document.title)
-        attached.sha256 = self.repo.add_document(chat_id, attached.document,
-                                                 self.model.model_id if self.model else "", attached.tokens)
-        self._refresh_chats()
-
-    def _persist_pending_documents(self) -> None:
-        for attached in self.documents:
-            if not attached.saved:
-                self._persist_document(attached)
-
     def _on_remove_document(self, key: int) -> None:
-        attached = next((a for a in self.documents if a.key == key), None)
+        attached = self.documents.find(key)
         if attached is None:
             return
-        for job, doc in list(self._ingest_docs.items()):
-            if doc is attached:
+        for job, ingest in self._ingests.items():
+            if attached in ingest.documents:
                 self.engine.cancel(job)
-        if attached.saved and self.chat_id is not None:
-            try:
-                self.repo.remove_document(self.chat_id, attached.sha256)
-            except UserError as exc:
-                self._show_error(f"Could not remove the document: {exc}")
-                return
-        self._detach(attached)
+        try:
+            self.documents.delete(attached, self.chat_id)
+        except UserError as exc:
+            self._show_error(f"Could not remove the document: {exc}")
+        self._update_context_label()
+
+    def _model_id(self) -> str:
+        return self.model.model_id if self.model else ""
 
     def _count_uncounted(self) -> None:
-        uncounted = [a.document for a in self.documents if a.tokens is None]
+        uncounted = self.documents.uncounted()
         if uncounted and self.model is not None:
             self._count_job = self.engine.count(uncounted)
 
@@ -606,7 +579,7 @@ class MainWindow(QMainWindow):
         self.chat_list.set_chats([ChatEntry(c.id, c.title, _chat_subtitle(c)) for c in chats], self.chat_id)
 
     def _update_context_label(self) -> None:
-        doc_tokens = sum(a.tokens or 0 for a in self.documents)
+        doc_tokens = self.documents.total_tokens()
         if self.model is None:
             self.context_label.setText(f"{doc_tokens:,} document tokens" if doc_tokens else "")
             return
@@ -667,8 +640,7 @@ class MainWindow(QMainWindow):
         if not paths:
             return
         event.acceptProposedAction()
-        for path in paths:
-            self.attach_file(path)
+        self.attach_files(paths)
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
         self.shutdown()

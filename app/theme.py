@@ -155,6 +155,7 @@ def stylesheet(c: Colors) -> str:
     QSlider::handle:horizontal:disabled {{ border-color: {c.border}; }}
     QSlider::sub-page:horizontal:disabled {{ background: {c.border}; }}
     QStatusBar {{ color: {c.muted}; }}
+    QStatusBar QLabel {{ padding-left: 8px; color: {c.muted}; }}
     """
 
 

@@ -225,23 +225,38 @@ class EngineWorker(QObject):
             self._end(job)
 
     @Slot(int, object, object)
-    def ingest(self, job: int, path: str, conversation: Conversation) -> None:
-        """Read a document, count it, check it fits, then prefill the conversation with it."""
+    def ingest(self, job: int, paths: Sequence[str], conversation: Conversation) -> None:
+        """Read documents, count them, check they fit, then prefill the conversation with them.
+
+        A file that cannot be read is reported (JobFailed with its path) and skipped; if the
+        rest do not fit, none is added (JobFailed with ContextOverflowError, no path).
+        """
         self.jobStarted.emit(job, "ingest")
         self._begin(job)
         try:
             session = self._require_session()
-            document = self._backend.read_document(path)
+            ready: list[DocumentReady] = []
+            for path in paths:
+                if self._is_cancelled(job):
+                    break
+                try:
+                    document = self._backend.read_document(path)
+                    ready.append(DocumentReady(job, path, document, int(session.count_tokens(document.text))))
+                except BaseException as exc:  # noqa: BLE001 - one bad file does not stop the others
+                    self._report(job, "ingest", exc, path=path)
             if self._is_cancelled(job):
                 self.engineEvent.emit(job, Finished(FinishReason.CANCELLED, ""))
                 return
-            tokens = int(session.count_tokens(document.text))
-            documents = tuple(conversation.documents) + (document,)
-            session.check_fits(list(conversation.messages), list(documents), conversation.system)
-            self.documentReady.emit(DocumentReady(job, path, document, tokens))
-            self._run_events(job, session, session.prefill(list(conversation.messages), list(documents), conversation.system))
+            if not ready:
+                return
+            documents = list(conversation.documents) + [r.document for r in ready]
+            session.check_fits(list(conversation.messages), documents, conversation.system)
+            for r in ready:
+                self.documentReady.emit(r)
+            self._run_events(job, session, session.prefill(list(conversation.messages), documents,
+                                                           conversation.system))
         except BaseException as exc:  # noqa: BLE001
-            self._report(job, "ingest", exc, path=path)
+            self._report(job, "ingest", exc)
         finally:
             self._end(job)
 
@@ -432,9 +447,9 @@ class EngineController(QObject):
         self._loadRequested.emit(job, spec, draft or "ngram")
         return job
 
-    def ingest(self, path: str, conversation: Conversation) -> int:
+    def ingest(self, paths: Sequence[str], conversation: Conversation) -> int:
         job = self._job()
-        self._ingestRequested.emit(job, path, conversation)
+        self._ingestRequested.emit(job, tuple(paths), conversation)
         return job
 
     def prefill(self, conversation: Conversation) -> int:

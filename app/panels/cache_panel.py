@@ -49,7 +49,7 @@ class CachePanel(Card):
     def _describe(c: CacheStats, metrics: Metrics) -> tuple[float | None, str, str]:
         fraction = c.tokens / c.capacity if c.capacity else None
         value = f"{c.tokens:,} / {c.capacity:,}"
-        parts = [f"{fmt_bytes(c.bytes_used)} of {fmt_bytes(c.bytes_reserved)}", c.device]
+        parts = [f"{fmt_bytes(c.bytes_used)} of {fmt_bytes(c.bytes_reserved)}" if c.bytes_reserved else "", c.device]
         if c.detail:
             parts.append(c.detail)
         return fraction, value, " · ".join(p for p in parts if p)

@@ -164,7 +164,7 @@ def test_bad_file_shows_message_and_changes_nothing(qtbot, make_window, tiny_mod
         drop_files(window, [bad])
     assert "photo.png" in shown.args[0]
     shots(window, "error")
-    assert window.chips.chips == [] and window.documents == []
+    assert window.chips.chips == [] and window.documents.items == []
     assert window.repo.list_chats() == chats_before and window.chat_id is None
     assert window.chat_view.messages[-1].role == "error"
     assert not window.prefill_strip.isVisible()

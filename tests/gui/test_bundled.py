@@ -37,7 +37,7 @@ def test_cancel_prefill_then_answer_with_live_panels(qtbot, make_window, sample_
     heartbeat.stop()
     assert cancelled.args[0].reason == FinishReason.CANCELLED
     assert progress[-1].done < progress[-1].total
-    assert window.chips.chips == [] and window.documents == [] and window.repo.list_chats() == []
+    assert window.chips.chips == [] and window.documents.items == [] and window.repo.list_chats() == []
     qtbot.waitUntil(lambda: not window.is_busy(), timeout=5_000)
     assert not window.prefill_strip.isVisible()
     assert heartbeat.max_gap_ms < 100, f"GUI thread blocked {heartbeat.max_gap_ms:.0f} ms during the prefill"

@@ -253,3 +253,44 @@ def test_model_picker_shows_the_plan(qtbot, monkeypatch):
     dialog.modelChosen.connect(lambda spec, draft: chosen.append((spec, draft)))
     dialog.load_button.click()
     assert chosen == [("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct")]
+
+
+def test_dark_theme(qtbot, qapp, make_window, shots, tmp_path):
+    from app import theme
+    c = theme.apply_theme(qapp, dark=True)
+    assert c.dark and qapp.palette().color(qapp.palette().ColorRole.Window).lightness() < 80
+    window = make_window("fake-model", backend=FakeBackend(tokens=24))
+    doc = tmp_path / "Hamlet.md"
+    doc.write_text("# Hamlet\n\nWho's there? Nay, answer me: stand, and unfold yourself.", encoding="utf-8")
+    with qtbot.waitSignal(window.prefillFinished, timeout=10_000):
+        window.attach_file(str(doc))
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000):
+        window.send("Who speaks first?")
+    assert window.chat_view._colors.dark
+    shots(window, "dark")
+
+
+def test_several_files_at_once_and_while_reading(qtbot, make_window, tmp_path):
+    from tests.gui.helpers import drop_files
+    window = make_window("fake-model", backend=FakeBackend(prefill_step_s=0.02))
+    files = []
+    for name in ("act1.md", "broken.pdf", "act2.md", "act3.md"):
+        path = tmp_path / name
+        path.write_text(f"# {name}\n\n" + "Words of the play. " * 200, encoding="utf-8")
+        files.append(path)
+    errors = []
+    window.errorShown.connect(errors.append)
+    finished = []
+    window.prefillFinished.connect(finished.append)
+    drop_files(window, files[:3])  # one good, one unreadable, one good: read together, one prefill
+    drop_files(window, files[3:])  # dropped while that runs: waits, then sees the first two
+    qtbot.waitUntil(lambda: len(finished) == 2, timeout=20_000)
+    assert [c.title for c in window.chips.chips] == ["act1", "act2", "act3"]
+    assert len(errors) == 1 and "broken.pdf" in errors[0]
+    session = window.engine.session()
+    stored = window.repo.documents(window.chat_id)
+    assert [d.title for d in stored] == ["act1", "act2", "act3"]
+    assert all(c.tokens for c in window.chips.chips)
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000):
+        window.send("Summarise the acts.")
+    assert [d.title for d in session.streams[-1][1]] == ["act1", "act2", "act3"]
