@@ -81,6 +81,7 @@ class MainWindow(QMainWindow):
         self._closing = False
         build_window_layout(self, initial)
         self.documents = ChatDocuments(self.repo, self.chips)
+        self._restore_geometry()
         self._wire()
         self._refresh_chats()
         self.memory.start(enabled=sample_memory)
@@ -95,6 +96,7 @@ class MainWindow(QMainWindow):
         e = self.engine
         e.modelLoading.connect(self._on_model_loading)
         e.modelLoaded.connect(self._on_model_loaded)
+        e.modelUnloaded.connect(self._on_model_unloaded)
         e.documentReady.connect(self._on_document_ready)
         e.engineEvent.connect(self._on_engine_event)
         e.failed.connect(self._on_failed)
@@ -124,8 +126,8 @@ class MainWindow(QMainWindow):
     # ----------------------------------------------------------------------------- public actions
 
     def load_model(self, spec: str, draft: str = "ngram") -> None:
-        """Load `spec` off the GUI thread (progress in the status bar)."""
-        self.model = None
+        """Load `spec` off the GUI thread (progress in the status bar). The current model keeps
+        answering while the new one downloads; it goes when the new weights load."""
         self._load_job = self.engine.load(spec, draft)
         self._jobs[self._load_job] = "load"
         self._set_model_status(f"Loading {spec}…")
@@ -253,6 +255,11 @@ class MainWindow(QMainWindow):
         else:
             self.load_bar.setRange(0, 1000)
             self.load_bar.setValue(round(1000 * max(0.0, min(1.0, p.fraction))))
+
+    def _on_model_unloaded(self, job: int) -> None:
+        if job == self._load_job:
+            self.model = None
+            self.model_button.setText("Model…")
 
     def _on_model_loaded(self, job: int, info: ModelInfo) -> None:
         if job != self._load_job:
@@ -405,7 +412,8 @@ class MainWindow(QMainWindow):
             self.load_cancel.hide()
             self.model_button.setEnabled(True)
             cancelled = type(f.error).__name__.endswith("Cancelled")
-            self._set_model_status("Model loading cancelled" if cancelled else "No model loaded")
+            still = f" — still using {self.model.name}" if self.model is not None else " — no model loaded"
+            self._set_model_status(("Model loading cancelled" if cancelled else "Model loading failed") + still)
             if not cancelled:
                 self._show_error(f"Could not load the model: {f.message}", f.details)
             return
@@ -606,14 +614,24 @@ class MainWindow(QMainWindow):
         text = f"{f.message}\n\nNothing was added to the chat."
         self._show_error(text)
         box = QMessageBox(QMessageBox.Icon.Warning, "Document does not fit", f.message, parent=self)
-        box.setInformativeText("You can pick a model with a longer context, or give the cache a larger memory "
-                               "budget (Model… shows what fits where). Nothing was cut and nothing was added.")
+        box.setInformativeText("Pick a model with a longer context (Model… shows its plan: what goes where and "
+                               "whether it fits your memory), or make room: a shorter answer length in Settings, "
+                               "or a new chat. Nothing was cut and nothing was added.")
         other = box.addButton("Choose another model…", QMessageBox.ButtonRole.AcceptRole)
+        settings = box.addButton("Settings…", QMessageBox.ButtonRole.ActionRole)
         box.addButton(QMessageBox.StandardButton.Close)
         box.setWindowModality(Qt.WindowModality.WindowModal)
-        box.buttonClicked.connect(lambda b: self.choose_model() if b is other else None)
+        box.buttonClicked.connect(lambda b: self.choose_model() if b is other
+                                  else self.show_settings() if b is settings else None)
         box.open()
         self._overflow_box = box
+
+    def _restore_geometry(self) -> None:
+        geometry, state = self.prefs.value("window/geometry"), self.prefs.value("window/splitter")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        if state is not None:
+            self.splitter.restoreState(state)
 
     def _apply_theme(self) -> None:
         app = QApplication.instance()
@@ -652,6 +670,8 @@ class MainWindow(QMainWindow):
             return
         self._closing = True
         self.settings_panel.flush()
+        self.prefs.setValue("window/geometry", self.saveGeometry())
+        self.prefs.setValue("window/splitter", self.splitter.saveState())
         self.engine.shutdown()
         self.memory.stop()
         self.prefs.sync()

@@ -101,10 +101,16 @@ class JobFailed:
 class EngineBackend:
     """How the worker builds a session. Swappable in tests; the default uses the real engine."""
 
-    def load(self, spec: str, progress: Callable[[str, float | None], None],
-             cancel: Callable[[], bool]) -> Any:
-        from engine.model import load_model
-        return load_model(spec, progress=progress, cancel=cancel)
+    def resolve(self, spec: str, progress: Callable[[str, float | None], None],
+                cancel: Callable[[], bool]) -> Any:
+        """Find the model's folder: download or convert it if needed (slow, cancellable, no RAM)."""
+        from engine.model_store import resolve_model
+        return resolve_model(spec, progress=progress, cancel=cancel)
+
+    def load(self, resolved: Any) -> Any:
+        """Load a resolved folder's weights and tokenizer."""
+        from engine.model import load_folder
+        return load_folder(resolved)
 
     def session(self, target: Any, settings: DecodeSettings, draft: Any) -> Any:
         from engine.session import ChatSession
@@ -137,6 +143,7 @@ class EngineWorker(QObject):
 
     modelLoading = Signal(object)  # LoadProgress
     modelLoaded = Signal(int, object)  # job, ModelInfo
+    modelUnloaded = Signal(int)  # job: the previous model was dropped to make room for the new one
     documentReady = Signal(object)  # DocumentReady
     engineEvent = Signal(int, object)  # job, PrefillProgress | TokenBatch | Metrics | Finished
     failed = Signal(object)  # JobFailed
@@ -206,14 +213,21 @@ class EngineWorker(QObject):
 
         cancel = lambda: self._load_cancel.is_set() or self._is_cancelled(job)  # noqa: E731
         try:
-            with self._lock:  # drop the old model first: two models may not fit
-                self._session = None
-                self._target = None
-            target = self._backend.load(spec, progress, cancel)
-            draft: Any = draft_spec or "ngram"
+            # download/convert first: the current model keeps working until the weights load
+            folder = self._backend.resolve(spec, progress, cancel)
+            draft_folder = None
             if draft_spec and draft_spec not in ("ngram", "none"):
+                draft_folder = self._backend.resolve(draft_spec, progress, cancel)
+            with self._lock:  # then drop the old model: two models may not fit in memory
+                had_model, self._session, self._target = self._session is not None, None, None
+            if had_model:
+                self.modelUnloaded.emit(job)
+            progress(f"Loading {spec}", None)
+            target = self._backend.load(folder)
+            draft: Any = draft_spec or "ngram"
+            if draft_folder is not None:
                 progress(f"Loading draft model {draft_spec}", None)
-                draft = self._backend.load(draft_spec, progress, cancel)
+                draft = self._backend.load(draft_folder)
             session = self._backend.session(target, self._settings_for(target), draft)
             with self._lock:
                 self._target, self._session = target, session
@@ -381,7 +395,8 @@ class EngineWorker(QObject):
     def _report(self, job: int, kind: str, exc: BaseException, path: str = "") -> None:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise exc
-        user = isinstance(exc, UserError)
+        cancelled = type(exc).__name__.endswith("Cancelled")  # e.g. model_store.ResolveCancelled
+        user = isinstance(exc, UserError) or cancelled
         details = "" if user else traceback.format_exc()
         if not user:
             log.error("engine %s job %d failed\n%s", kind, job, details)
@@ -431,6 +446,7 @@ class EngineController(QObject):
         # the worker's signals are the public ones (queued into the GUI thread)
         self.modelLoading = self.worker.modelLoading
         self.modelLoaded = self.worker.modelLoaded
+        self.modelUnloaded = self.worker.modelUnloaded
         self.documentReady = self.worker.documentReady
         self.engineEvent = self.worker.engineEvent
         self.failed = self.worker.failed

@@ -117,6 +117,10 @@ class FakeSession:
             settings_summary=f"budget {s.budget}")
 
 
+class LoadCancelled(Exception):
+    """Like engine.model_store.ResolveCancelled."""
+
+
 class FakeBackend:
     """`EngineBackend` stand-in: loads a FakeModel, builds a FakeSession, reads text files."""
 
@@ -127,10 +131,15 @@ class FakeBackend:
         self.load_s = load_s
         self.sessions: list[FakeSession] = []
 
-    def load(self, spec, progress, cancel):
-        for i in range(5):
-            progress(f"Loading {spec}", i / 4)
-            time.sleep(self.load_s / 5)
+    def resolve(self, spec, progress, cancel):
+        for i in range(50):
+            if cancel():
+                raise LoadCancelled("cancelled")
+            progress(f"Downloading {spec}", i / 49)
+            time.sleep(self.load_s / 50)
+        return spec
+
+    def load(self, resolved):
         return FakeModel(FakeFolder(), self.max_context)
 
     def session(self, target, settings, draft):

@@ -294,3 +294,22 @@ def test_several_files_at_once_and_while_reading(qtbot, make_window, tmp_path):
     with qtbot.waitSignal(window.answerFinished, timeout=10_000):
         window.send("Summarise the acts.")
     assert [d.title for d in session.streams[-1][1]] == ["act1", "act2", "act3"]
+
+
+def test_model_loading_shows_progress_and_can_be_cancelled(qtbot, make_window):
+    window = make_window("fake-model", backend=FakeBackend())
+    before = window.model
+    window.engine.worker._backend.load_s = 20.0  # a slow "download"
+    window.load_model("some/repo-id")
+    qtbot.waitUntil(lambda: window.load_bar.isVisible() and window.load_bar.value() > 0, timeout=10_000)
+    assert "Downloading some/repo-id" in window.status_label.text()
+    assert window.load_cancel.isVisible() and not window.model_button.isEnabled()
+    qtbot.mouseClick(window.load_cancel, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not window.load_bar.isVisible(), timeout=10_000)
+    assert "cancelled" in window.status_label.text() and "still using" in window.status_label.text()
+    assert window.model is before and window.model_button.isEnabled()
+    assert not any(m.role == "error" for m in window.chat_view.messages)  # cancelling is not an error
+    # the previous model still answers
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000) as done:
+        window.send("Still there?")
+    assert done.args[0].reason == FinishReason.EOS
