@@ -121,7 +121,7 @@ class MainWindow(QMainWindow):
         self.load_cancel.clicked.connect(self.engine.cancel_load)
         app = QApplication.instance()
         if app is not None:
-            app.styleHints().colorSchemeChanged.connect(lambda _s: self._apply_theme())
+            app.styleHints().colorSchemeChanged.connect(self._on_color_scheme)  # bound: dropped with the window
 
     # ----------------------------------------------------------------------------- public actions
 
@@ -633,12 +633,16 @@ class MainWindow(QMainWindow):
         if state is not None:
             self.splitter.restoreState(state)
 
+    def _on_color_scheme(self, _scheme: object) -> None:
+        self._apply_theme()
+
     def _apply_theme(self) -> None:
         app = QApplication.instance()
         if app is not None:
             self.colors = theme.apply_theme(app)
             self.chat_view.set_colors(self.colors)
             self.acceptance_panel.set_colors(self.colors)
+            self.settings_panel.set_colors(self.colors)
 
     # ----------------------------------------------------------------------------- Qt events
 

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGridLayout, Q
                                QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from app.panels.common import Card
+from app.theme import Colors, colors
 from engine.errors import InvalidSettingError
 from engine.settings import MODES, DecodeSettings, Sampling
 
@@ -151,6 +152,12 @@ class SettingsPanel(QScrollArea):
         self.color_levels.setToolTip("Green: drafted by L0 · Blue: drafted by L1 (retrieval) · Purple: L2 (full cache)")
         self.color_levels.toggled.connect(self.colorLevelsChanged.emit)
         mode_card.body.addWidget(self.color_levels)
+        self.legend = QLabel()  # our own text (not model output), so rich text is safe here
+        self.legend.setTextFormat(Qt.TextFormat.RichText)
+        self.legend.setVisible(False)
+        self.color_levels.toggled.connect(self.legend.setVisible)
+        mode_card.body.addWidget(self.legend)
+        self.set_colors(colors())
         col.addWidget(mode_card)
 
         retr = Card("Retrieval cache (L1)")
@@ -219,6 +226,11 @@ class SettingsPanel(QScrollArea):
         self.set_settings(self._settings)
 
     # --- public API ----------------------------------------------------------------------
+
+    def set_colors(self, c: Colors) -> None:
+        swatch = '<span style="color:{}">■</span> {}'
+        self.legend.setText("&nbsp;&nbsp;".join(swatch.format(c.level(i), name) for i, name in
+                                                enumerate(("L0 drafter", "L1 retrieval", "L2 full cache"))))
 
     def settings(self) -> DecodeSettings:
         """The settings the controls show now (always valid for the current context)."""

@@ -111,7 +111,7 @@ def stylesheet(c: Colors) -> str:
     #muted, QLabel[muted="true"] {{ color: {c.muted}; }}
     #sectionTitle {{ color: {c.muted}; font-size: 8.5pt; font-weight: 700; letter-spacing: 1px; }}
     #brand {{ font-size: 12pt; font-weight: 700; }}
-    QLineEdit, QPlainTextEdit, QSpinBox, QDoubleSpinBox, QComboBox {{
+    QLineEdit, QPlainTextEdit {{
         background: {c.base}; border: 1px solid {c.border}; border-radius: 6px; padding: 4px 6px; }}
     QLineEdit:focus, QPlainTextEdit:focus {{ border: 1px solid {c.accent}; }}
     #composer {{ background: {c.base}; border: 1px solid {c.border}; border-radius: 10px; }}

@@ -114,7 +114,20 @@ class EngineBackend:
 
     def session(self, target: Any, settings: DecodeSettings, draft: Any) -> Any:
         from engine.session import ChatSession
-        return ChatSession(target, settings, draft=draft, snapshots=self.snapshots())
+        return ChatSession(target, settings, draft=draft, snapshots=self.snapshots(),
+                           plan=self.plan(target, settings, draft))
+
+    def plan(self, target: Any, settings: DecodeSettings, draft: Any) -> Any:
+        """On a GPU: the planner's placement for the model's whole context (which KV layers live
+        in pinned CPU memory). Raises OutOfMemoryPlanError, with the numbers, before allocating
+        anything when it cannot fit. None on the CPU (the cache simply lives in RAM)."""
+        if getattr(getattr(target, "device", None), "type", "cpu") != "cuda":
+            return None
+        from engine.model_shape import ModelShape
+        from engine.planner import plan_placement
+        shape = ModelShape.from_config(target.config, name=str(getattr(target.folder, "name", "")))
+        draft_shape = None if isinstance(draft, str) else ModelShape.from_config(draft.config)
+        return plan_placement(shape, draft_shape, int(target.max_context), settings, "auto")
 
     def snapshots(self) -> Any:
         """Prefilled books on disk: reopening a chat with a long document skips most of its prefill."""

@@ -41,6 +41,13 @@ class CachePanel(Card):
             stats = by_name.get(name)
             if stats is not None:
                 bar.set(*self._describe(stats, metrics))
+        uses_l0 = metrics.mode in ("triforce", "draft-only")
+        if "retrieval" not in by_name and metrics.mode in ("ar", "draft-only"):
+            self.retrieval.set(0.0, "off", f"not used in {metrics.mode} mode")
+        if "draft" not in by_name:
+            self.draft.set(0.0, "n-gram" if uses_l0 else "off",
+                           "drafts by looking the context up: no KV cache" if uses_l0
+                           else f"not used in {metrics.mode} mode")
         if "retrieval" in by_name and metrics.retrieval_rebuilds:
             self.retrieval.detail.setText(self.retrieval.detail.text()
                                           + f" · rebuilt {metrics.retrieval_rebuilds}×")
