@@ -134,9 +134,15 @@ class ChatSession:
     def stream(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (),
                system: str | None = None) -> Iterator[Event]:
         """Generate the next assistant answer; yields PrefillProgress, TokenText, Metrics, Finished."""
+        prompt = self.prompt_tokens(messages, documents, system)
+        yield from self.stream_ids(prompt)
+
+    def stream_ids(self, prompt: list[int]) -> Iterator[Event]:
+        """Continue a raw token sequence (the chat template already applied, or plain text for the
+        PG-19-style benchmark); same events as `stream`."""
         self._cancel.clear()
         s = self._settings
-        prompt = self.prompt_tokens(messages, documents, system)
+        prompt = list(prompt)
         self._check_length(len(prompt))
         started = time.perf_counter()
         logits = yield from self._prefill(prompt, keep_last=True)
@@ -295,7 +301,7 @@ class ChatSession:
         draft_stats = self.drafter.cache_stats() if self._settings.mode in ("triforce", "draft-only") else None
         if draft_stats is not None:
             caches.append(draft_stats)
-        s = self._settings
+        s = self.decoder.settings  # what actually ran (auto-tuning may have changed gammas/budget)
         metrics = Metrics(
             mode=s.mode,
             prompt_tokens=prompt_len,
@@ -309,7 +315,7 @@ class ChatSession:
             mean_accepted_per_verify=(stats.emitted_by_verify / stats.verifications) if stats.verifications else None,
             retrieval_rebuilds=self.decoder.rebuilds,
             settings_summary=f"{s.mode} budget={s.budget} chunk={s.chunk} g1={s.gamma1} g2={s.gamma2} "
-                             f"draft={getattr(self.drafter, 'name', '?')}",
+                             f"draft={getattr(self.drafter, 'name', '?')}{' auto' if s.auto else ''}",
         )
         self._last_metrics = metrics
         return metrics

@@ -8,12 +8,14 @@ exactly distributed as the target alone.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.acceptance import target_probs, verify
+from engine.autotune import retune
 from engine.cache_full import FullCache
 from engine.cache_retrieval import RetrievalCache
 from engine.events import Level, LevelStats
@@ -137,7 +139,17 @@ class HierarchicalDecoder:
         if drafts:
             self._recent_l2.append(accepted / len(drafts))
         self._since_rebuild += len(out)
+        if self.settings.auto and self.stats.verifications % 4 == 0:
+            self._retune()
         return out
+
+    def _retune(self) -> None:
+        """settings.auto: re-pick gammas (and the budget, applied at the next rebuild) from measurements."""
+        st = self.stats
+        rate = lambda c: c.accepted / c.proposed if c.proposed >= 8 else None  # noqa: E731
+        use_l0 = self.settings.mode == "triforce" and getattr(self.drafter, "name", "none") != "none"
+        self.settings = retune(self.settings, self.full.length, rate(st.l1_l2), rate(st.l0_l1) if use_l0 else None,
+                               st.times.l0, st.times.l1, st.times.l2)
 
     def _draft_with_l1(self, seq: list[int], count: int, use_l0: bool):
         """L1 produces >= count tokens (each an exact sample of L1's distribution), using L0's
@@ -150,14 +162,19 @@ class HierarchicalDecoder:
         levels: list[Level] = []
         while len(drafts) < count:
             k = min(s.gamma1, count - len(drafts)) if use_l0 else 0
+            t0 = time.perf_counter()
             d0, q0 = self.drafter.propose(local, k, s.sampling, self.generator) if k else ([], None)
+            if k and getattr(self.drafter, "name", "") == "model":
+                self.stats.times.record("l0", (time.perf_counter() - t0) / k)
             start = len(local) - 1
             tokens = torch.tensor([local[-1]] + d0, device=self.runner.device)
             positions = torch.arange(start, start + len(d0) + 1, device=self.runner.device)
             held = r.length
+            t1 = time.perf_counter()
             logits = self.runner.forward(tokens, positions, r)  # [k+1, V]
             p1 = None if s.sampling.greedy else target_probs(logits, s.sampling)
             verdict = self.l1_verify(d0, q0, logits, s.sampling, self.generator, target=p1)
+            self.stats.times.record("l1", time.perf_counter() - t1)
             r.rollback(held + 1 + verdict.accepted)  # keep the pending token and the accepted drafts
             if use_l0:
                 self.stats.l0_l1.add(len(d0), verdict.accepted)
@@ -176,8 +193,10 @@ class HierarchicalDecoder:
         assert self.full.length == start, (self.full.length, start)
         tokens = torch.tensor([seq[-1]] + drafts, device=self.runner.device)
         positions = torch.arange(start, start + len(drafts) + 1, device=self.runner.device)
+        t2 = time.perf_counter()
         logits = self.runner.forward(tokens, positions, self.full)  # [k+1, V]
         verdict = verify(drafts, q_rows, logits, self.settings.sampling, self.generator)
+        self.stats.times.record("l2", time.perf_counter() - t2)
         self.full.rollback(start + 1 + verdict.accepted)
         self.stats.verifications += 1
         self.stats.emitted_by_verify += verdict.accepted + 1

@@ -24,6 +24,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma1", type=int, default=None, help="tokens L0 drafts per L1 check")
     parser.add_argument("--gamma2", type=int, default=None, help="tokens L1 drafts per L2 check")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    parser.add_argument("--auto", action="store_true", help="auto-tune gamma1/gamma2/budget from measured speed")
 
 
 def build_settings(args: argparse.Namespace, context_tokens: int) -> DecodeSettings:
@@ -40,6 +41,7 @@ def build_settings(args: argparse.Namespace, context_tokens: int) -> DecodeSetti
         stop=tuple(getattr(args, "stop", None) or ()),
         sampling=Sampling(temperature=getattr(args, "temperature", 0.0), top_p=getattr(args, "top_p", 1.0),
                           top_k=getattr(args, "top_k", 0), seed=getattr(args, "seed", None)),
+        auto=bool(getattr(args, "auto", False)),
     )
     return settings
 

@@ -1,0 +1,68 @@
+"""`main.py bench`: every decoding method on the same prompt, one after another, as a table and JSON."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from engine.cli.chat_cmd import add_decode_arguments, build_settings
+from engine.errors import InvalidSettingError
+
+ALL_METHODS = ("triforce", "ar", "retrieval-only", "draft-only", "hf", "hf-lookup")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("bench", help="time every decoding method on the same prompt")
+    parser.add_argument("--doc", default=None, help="text to use (default: the bundled sample play)")
+    parser.add_argument("--context", default="8192",
+                        help="context tokens; a comma-separated list gives the speedup curve, e.g. 1024,2048,4096,8192")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--methods", default="triforce,ar,retrieval-only,hf,hf-lookup")
+    parser.add_argument("--workload", default="continue", choices=("continue", "qa", "both"))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--json", metavar="OUT", default=None)
+    add_decode_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.bench import format_report, run_bench
+    from engine.model import load_model
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown:
+        raise InvalidSettingError(f"unknown method(s) {', '.join(unknown)}: use any of {', '.join(ALL_METHODS)}")
+    try:
+        contexts = [int(c) for c in args.context.split(",")]
+    except ValueError as exc:
+        raise InvalidSettingError(f"--context {args.context!r}: give token counts like 8192 or 1024,2048") from exc
+    if args.doc:
+        from engine.documents import read_document
+
+        text = read_document(args.doc).text
+    else:
+        from engine.sample_text import sample_text
+
+        text = sample_text("hamlet")
+    model = load_model(args.model, device=args.device)
+    draft = args.draft if args.draft in ("ngram", "none") else load_model(args.draft, device=args.device)
+    workloads = ["continue", "qa"] if args.workload == "both" else [args.workload]
+    reports = []
+    for workload in workloads:
+        for context in contexts:
+            if context + args.new_tokens + 64 > model.max_context:
+                raise InvalidSettingError(f"--context {context} + {args.new_tokens} new tokens exceed the model's "
+                                          f"{model.max_context}-token context: use a shorter context")
+            settings = build_settings(argparse.Namespace(**{**vars(args), "max_new_tokens": args.new_tokens}), context)
+            report = run_bench(model, text, context, args.new_tokens, methods, settings, draft, workload,
+                               args.repeats, log=lambda m: print(m, file=sys.stderr, flush=True))
+            report["date"] = time.strftime("%Y-%m-%d")
+            print(format_report(report), flush=True)
+            reports.append(report)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(reports[0] if len(reports) == 1 else reports, fh, indent=2)
+        print(f"wrote {args.json}")
+    return 0
