@@ -44,7 +44,7 @@ def _ask(qtbot, window, question: str) -> None:
 def test_drop_prefill_ask_stream_panels_and_reopen(qtbot, make_window, tiny_model, sample_text, tmp_path, shots,
                                                    heartbeat):
     window = make_window(tiny_model)
-    shots(window, "empty")
+    shots(window, "tiny-empty")
     seen = _record(window)
     doc = _doc(tmp_path, sample_text, 4_000)  # ~1K tokens: a few prefill chunks on the CPU
     window.settings_panel.max_new.setValue(24)
@@ -163,7 +163,7 @@ def test_bad_file_shows_message_and_changes_nothing(qtbot, make_window, tiny_mod
     with qtbot.waitSignal(window.errorShown, timeout=30_000) as shown:
         drop_files(window, [bad])
     assert "photo.png" in shown.args[0]
-    shots(window, "error")
+    shots(window, "tiny-error")
     assert window.chips.chips == [] and window.documents.items == []
     assert window.repo.list_chats() == chats_before and window.chat_id is None
     assert window.chat_view.messages[-1].role == "error"

@@ -16,6 +16,7 @@ pytestmark = [pytest.mark.gui, pytest.mark.bundled]
 def test_cancel_prefill_then_answer_with_live_panels(qtbot, make_window, sample_text, tmp_path: Path, shots,
                                                      heartbeat):
     window = make_window("bundled")
+    shots(window, "empty")
     window.settings_panel.max_new.setValue(32)
     window.settings_panel.flush()
     long_doc = tmp_path / "hamlet.md"
@@ -41,6 +42,10 @@ def test_cancel_prefill_then_answer_with_live_panels(qtbot, make_window, sample_
     qtbot.waitUntil(lambda: not window.is_busy(), timeout=5_000)
     assert not window.prefill_strip.isVisible()
     assert heartbeat.max_gap_ms < 100, f"GUI thread blocked {heartbeat.max_gap_ms:.0f} ms during the prefill"
+    note = window.chat_view._widgets[-1]
+    assert note.message.role == "notice" and "Stopped reading" in note.message.text
+    qtbot.mouseClick(note.dismiss_button, Qt.MouseButton.LeftButton)  # notes and errors can be dismissed
+    assert window.chat_view.messages == []
 
     # a short document, then a question: the answer streams with the panels live
     short_doc = tmp_path / "hamlet-opening.md"
@@ -63,3 +68,12 @@ def test_cancel_prefill_then_answer_with_live_panels(qtbot, make_window, sample_
     shots(window, "answer-coloured-by-level")
     window.show_settings()
     shots(window, "settings")
+    window.right.setCurrentIndex(0)
+    window.settings_panel.color_levels.setChecked(False)
+    # a file that cannot be read: its message, and nothing else changes
+    bad = tmp_path / "scan.pdf"
+    bad.write_bytes(b"%PDF-1.4\n%broken\n")
+    with qtbot.waitSignal(window.errorShown, timeout=30_000):
+        window.attach_file(str(bad))
+    assert len(window.chips.chips) == 1 and len(window.repo.messages(window.chat_id)) == 2
+    shots(window, "error")

@@ -234,7 +234,7 @@ def test_memory_panel_without_gpu(qtbot):
     assert "900.0 MiB" in panel.process.text()
 
 
-def test_model_picker_shows_the_plan(qtbot, monkeypatch):
+def test_model_picker_shows_the_plan(qtbot, shots):
     from app.model_picker import ModelPicker
     dialog = ModelPicker(current="bundled")
     qtbot.addWidget(dialog)
@@ -249,6 +249,7 @@ def test_model_picker_shows_the_plan(qtbot, monkeypatch):
             dialog.list.setCurrentRow(i)
     dialog.profile.setCurrentIndex(dialog.profile.findData("4090"))
     qtbot.waitUntil(lambda: "cuda:0" in dialog.plan_text.toPlainText(), timeout=5_000)
+    shots(dialog, "model-picker")
     chosen = []
     dialog.modelChosen.connect(lambda spec, draft: chosen.append((spec, draft)))
     dialog.load_button.click()
