@@ -247,6 +247,8 @@ class MainWindow(QMainWindow):
     # ----------------------------------------------------------------------------- engine events
 
     def _on_model_loading(self, p: LoadProgress) -> None:
+        if self._closing:  # the window is going: the store is closed
+            return
         if p.job != self._load_job:
             return
         self._set_model_status(p.stage)
@@ -257,11 +259,15 @@ class MainWindow(QMainWindow):
             self.load_bar.setValue(round(1000 * max(0.0, min(1.0, p.fraction))))
 
     def _on_model_unloaded(self, job: int) -> None:
+        if self._closing:  # the window is going: the store is closed
+            return
         if job == self._load_job:
             self.model = None
             self.model_button.setText("Model…")
 
     def _on_model_loaded(self, job: int, info: ModelInfo) -> None:
+        if self._closing:  # the window is going: the store is closed
+            return
         if job != self._load_job:
             return
         self.model = info
@@ -281,6 +287,8 @@ class MainWindow(QMainWindow):
         self.modelReady.emit(info)
 
     def _on_document_ready(self, ev: DocumentReady) -> None:
+        if self._closing:  # the window is going: the store is closed
+            return
         if ev.job == self._count_job:
             for a in self.documents:
                 if a.document == ev.document and a.tokens is None:
@@ -299,6 +307,8 @@ class MainWindow(QMainWindow):
         self._update_context_label()
 
     def _on_engine_event(self, job: int, ev: Any) -> None:
+        if self._closing:  # the window is going: the store is closed
+            return
         kind = self._jobs.get(job)
         if kind is None:
             return
@@ -404,6 +414,8 @@ class MainWindow(QMainWindow):
         self.prefillFinished.emit(ev)
 
     def _on_failed(self, f: JobFailed) -> None:
+        if self._closing:  # the window is going: the store is closed
+            return
         kind = self._jobs.get(f.job, f.kind)
         if kind == "load":
             if f.job != self._load_job:
@@ -445,6 +457,8 @@ class MainWindow(QMainWindow):
         self._show_error(f.message, f.details)
 
     def _on_job_done(self, job: int) -> None:
+        if self._closing:  # the window is going: the store is closed
+            return
         kind = self._jobs.pop(job, None)
         if kind == "ingest":
             self._ingests.pop(job, None)  # e.g. every file failed to read: nothing to prefill
@@ -673,6 +687,8 @@ class MainWindow(QMainWindow):
         if self._closing:
             return
         self._closing = True
+        if self._answer is not None and self._answer.text.strip():  # closing mid-answer: keep what came
+            self._answer.save(self._answer.text, {"partial": True, "footer": "stopped — partial answer"})
         self.settings_panel.flush()
         self.prefs.setValue("window/geometry", self.saveGeometry())
         self.prefs.setValue("window/splitter", self.splitter.saveState())

@@ -8,7 +8,7 @@ from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSplitter,
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QScrollArea, QSplitter,
                                QTabWidget, QVBoxLayout, QWidget)
 
 from app import theme
@@ -93,7 +93,11 @@ def build_window_layout(window: Any, initial: DecodeSettings) -> None:
     for w in (window.acceptance_panel, window.cache_panel, window.memory):
         ll.addWidget(w)
     ll.addStretch(1)
-    window.right.addTab(live, "Live")
+    live_scroll = QScrollArea()  # the panels keep their natural height; a short window scrolls
+    live_scroll.setWidgetResizable(True)
+    live_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    live_scroll.setWidget(live)
+    window.right.addTab(live_scroll, "Live")
     window.settings_panel = SettingsPanel()
     window.settings_panel.set_settings(initial)
     window.cache_panel.set_settings(initial)

@@ -21,8 +21,8 @@ class AcceptancePanel(Card):
         for bar in self.bars.values():
             self.body.addWidget(bar)
         self.plot = pg.PlotWidget()
-        self.plot.setMinimumHeight(120)
-        self.plot.setMaximumHeight(170)
+        self.plot.setMinimumHeight(100)
+        self.plot.setMaximumHeight(125)
         self.plot.setMenuEnabled(False)
         self.plot.setMouseEnabled(x=False, y=False)
         self.plot.hideButtons()
@@ -57,6 +57,13 @@ class AcceptancePanel(Card):
             grid.addLayout(tile, i // 3, i % 3)
             self.stats[key] = value
         self.body.addLayout(grid)
+        self.summary = QLabel()  # what the engine runs with now (auto-tune changes γ and budget)
+        self.summary.setObjectName("muted")
+        self.summary.setWordWrap(True)
+        f = self.summary.font()
+        f.setPointSizeF(f.pointSizeF() * 0.85)
+        self.summary.setFont(f)
+        self.body.addWidget(self.summary)
         self._points: dict[str, tuple[list[float], list[float]]] = {}
         self._last: dict[str, tuple[int, int]] = {}
         self.set_colors(colors())
@@ -69,8 +76,12 @@ class AcceptancePanel(Card):
             ax.setPen(pg.mkPen(c.border))
             ax.setTextPen(pg.mkPen(c.muted))
         self.plot.getAxis("left").setTicks([[(0, "0"), (0.5, "50%"), (1.0, "100%")]])
-        self.curves["l0_l1"].setPen(pg.mkPen(c.level_l0, width=2))
-        self.curves["l1_l2"].setPen(pg.mkPen(c.level_l1, width=2))
+        for name, color in (("l0_l1", c.level_l0), ("l1_l2", c.level_l1)):
+            self.curves[name].setPen(pg.mkPen(color, width=2))
+            self.curves[name].setSymbol("o")  # a lone first point shows too
+            self.curves[name].setSymbolSize(4)
+            self.curves[name].setSymbolBrush(pg.mkBrush(color))
+            self.curves[name].setSymbolPen(pg.mkPen(color))
 
     def start_answer(self) -> None:
         """Forget the previous answer's course (the bars keep the last totals until new numbers come)."""
@@ -102,3 +113,5 @@ class AcceptancePanel(Card):
         s["per_verify"].setText("–" if m.mean_accepted_per_verify is None else f"{m.mean_accepted_per_verify:.2f}")
         s["tokens"].setText(f"{m.new_tokens:,}")
         s["mode"].setText(m.mode)
+        self.summary.setText(f"engine: {m.settings_summary}" if m.settings_summary else "")
+        self.summary.setToolTip(self.summary.text())

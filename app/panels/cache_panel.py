@@ -32,7 +32,7 @@ class CachePanel(Card):
     def show_idle(self) -> None:
         s = self._settings
         self.full.set(0.0, f"0 / {fmt_tokens(self._context) if self._context else '–'}", "no prompt yet")
-        self.retrieval.set(0.0, f"budget {s.budget:,}", f"chunks of {s.chunk} · {s.budget // s.chunk} chunks per head")
+        self.retrieval.set(0.0, f"budget {s.budget:,}", f"chunks of {s.chunk} · {s.budget // s.chunk} per KV head")
         self.draft.set(0.0, f"{s.draft_sinks} + {s.draft_window}", "sinks + recent tokens")
 
     def update_metrics(self, metrics: Metrics) -> None:
@@ -51,12 +51,12 @@ class CachePanel(Card):
         if "retrieval" in by_name and metrics.retrieval_rebuilds:
             self.retrieval.detail.setText(self.retrieval.detail.text()
                                           + f" · rebuilt {metrics.retrieval_rebuilds}×")
+        self.retrieval.detail.setToolTip("Rebuilt after each prefill, when L1's acceptance drops, or every stride")
 
     @staticmethod
     def _describe(c: CacheStats, metrics: Metrics) -> tuple[float | None, str, str]:
         fraction = c.tokens / c.capacity if c.capacity else None
         value = f"{c.tokens:,} / {c.capacity:,}"
-        parts = [f"{fmt_bytes(c.bytes_used)} of {fmt_bytes(c.bytes_reserved)}" if c.bytes_reserved else "", c.device]
-        if c.detail:
-            parts.append(c.detail)
-        return fraction, value, " · ".join(p for p in parts if p)
+        first = " · ".join(p for p in (f"{fmt_bytes(c.bytes_used)} of {fmt_bytes(c.bytes_reserved)}"
+                                         if c.bytes_reserved else "", c.device) if p)
+        return fraction, value, "\n".join(p for p in (first, c.detail) if p)

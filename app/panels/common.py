@@ -70,9 +70,8 @@ class LabelledBar(QWidget):
         self.bar.setMaximumHeight(8)
         if level:
             self.bar.setProperty("level", level)
-        self.detail = QLabel("")
+        self.detail = QLabel("")  # callers break lines themselves: wrapped labels misreport height in grids
         self.detail.setObjectName("muted")
-        self.detail.setWordWrap(True)
         f = self.detail.font()
         f.setPointSizeF(f.pointSizeF() * 0.88)
         self.detail.setFont(f)

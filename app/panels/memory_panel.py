@@ -117,10 +117,10 @@ class MemoryPanel(Card):
             where = f"cuda:{gpu.torch_index}" if gpu.torch_index is not None else f"GPU {gpu.nvml_index}"
             bar.name.setText(f"{where} · {gpu.name}")
             mine = gpu.torch_reserved_bytes if gpu.torch_reserved_bytes is not None else gpu.torch_allocated_bytes
-            detail = (f"all processes {fmt_bytes(used)} · this app {fmt_bytes(mine)}"
+            detail = (f"all processes {fmt_bytes(used)}\nthis app {fmt_bytes(mine)}"
                       + (f" ({fmt_bytes(gpu.torch_allocated_bytes)} in tensors)"
                          if gpu.torch_allocated_bytes is not None else "")
-                      if mine is not None else f"all processes {fmt_bytes(used)} · this app: none")
+                      if mine is not None else f"all processes {fmt_bytes(used)}\nthis app: none")
             bar.set(used / total if total else None, f"{fmt_bytes(used)} / {fmt_bytes(total)}", detail)
             bar.show()
         for bar in self.gpu_bars[len(gpus):]:

@@ -183,3 +183,18 @@ def test_document_too_long_for_the_context_says_so_with_numbers(qtbot, make_wind
     assert box.isVisible() and "Choose another model" in " ".join(b.text() for b in box.buttons())
     box.close()
     assert window.chips.chips == [] and window.repo.list_chats() == []
+
+
+def test_closing_mid_answer_keeps_the_partial_answer(qtbot, make_window, tiny_model):
+    window = make_window(tiny_model)
+    window.settings_panel.max_new.setValue(4000)
+    window.settings_panel.flush()
+    _ask(qtbot, window, "Talk for a long time.")
+    qtbot.waitUntil(lambda: len(window.chat_view.streaming_text()) > 10, timeout=60_000)
+    chat_id = window.chat_id
+    window.close()  # cancels, saves what came out, stops the engine thread
+    assert not window.engine.thread.isRunning()
+    again = make_window(None)
+    stored = again.repo.messages(chat_id)
+    assert [m.role for m in stored] == ["user", "assistant"]
+    assert stored[1].text and stored[1].stats.get("partial") is True

@@ -3,6 +3,7 @@ chat list operations, settings snapping and persistence, shortcuts, token coales
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
@@ -314,3 +315,34 @@ def test_model_loading_shows_progress_and_can_be_cancelled(qtbot, make_window):
     with qtbot.waitSignal(window.answerFinished, timeout=10_000) as done:
         window.send("Still there?")
     assert done.args[0].reason == FinishReason.EOS
+
+
+def _gpu_sample():
+    """Numbers read on an NVIDIA H200 by tests/gui/data_gpu_sample.json's device run."""
+    import json
+    from engine.events import CacheStats, LevelStats, Metrics
+    from engine.telemetry import GpuSample, MemorySample
+    data = json.loads((Path(__file__).parent / "data_gpu_sample.json").read_text(encoding="utf-8"))
+    mem = dict(data["memory"])
+    mem["gpus"] = tuple(GpuSample(**g) for g in mem["gpus"])
+    m = dict(data["metrics"])
+    m["levels"] = tuple(LevelStats(**lv) for lv in m["levels"])
+    m["caches"] = tuple(CacheStats(**c) for c in m["caches"])
+    return MemorySample(**mem), Metrics(**m)
+
+
+def test_panels_with_numbers_from_a_real_gpu(qtbot, make_window, shots):
+    sample, metrics = _gpu_sample()
+    window = make_window("fake-model", backend=FakeBackend(), sample_memory=False)
+    window.memory.update_sample(sample)
+    window.cache_panel.update_metrics(metrics)
+    window.acceptance_panel.update_metrics(metrics)
+    bar = window.memory.gpu_bars[0]
+    assert not window.memory.no_gpu.isVisible() and bar.isVisible()
+    assert "cuda:0 · NVIDIA H200" == bar.name.text()
+    assert bar.value.text() == "1.4 GiB / 140.4 GiB"
+    assert "this app 80.0 MiB (46.3 MiB in tensors)" in bar.detail.text()
+    assert window.cache_panel.full.value.text() == "3,935 / 8,192" and "cuda" in window.cache_panel.full.detail.text()
+    assert window.acceptance_panel.stats["decode"].text() == "18.0"
+    assert window.acceptance_panel.bars["l1_l2"].value.text() == "34%"
+    shots(window, "gpu-panels")
