@@ -52,6 +52,13 @@ class RetrievalCache(KVCache):
     def bytes_per_token(self) -> int:
         return 2 * self.full.n_layers * self.full.n_kv_heads * self.full.head_dim * self.keys[0].element_size()
 
+    RECENT_SHARE = 0.25  # of the budget, always spent on the most recent chunks (local context)
+
+    def recent_chunks(self, keep_chunks: int) -> int:
+        """Most recent chunks always kept: generation leans on its local context, which a single
+        question-time query under-scores."""
+        return max(1, min(keep_chunks - 1, int(keep_chunks * self.RECENT_SHARE)))
+
     # --- selection ---------------------------------------------------------------------------
     def rebuild(self, queries: list[torch.Tensor]) -> None:
         """Select chunks of the full cache for each layer and KV head.
@@ -84,7 +91,7 @@ class RetrievalCache(KVCache):
             q = queries[layer].to(dev).float().reshape(n_kv, group, dim).sum(1)  # [Hkv, D]: sum over the group
             scores = torch.einsum("hcd,hd->hc", chunk_keys, q)  # [Hkv, C]
             scores[:, 0] = float("inf")  # sinks
-            scores[:, -1] = float("inf")  # most recent full chunk
+            scores[:, n_chunks - self.recent_chunks(keep_chunks):] = float("inf")  # the most recent chunks
             top = scores.topk(keep_chunks, dim=-1).indices.sort(dim=-1).values  # [Hkv, K] in position order
             top = top.to(k_full.device)
             token_idx = (top[..., None] * self.chunk + torch.arange(self.chunk, device=top.device)).reshape(n_kv, -1)

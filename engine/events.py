@@ -61,9 +61,17 @@ class LevelStats:
     name: str
     proposed: int
     accepted: int
+    tested: int = 0  # drafts actually checked: a verification stops at its first rejection
 
     @property
     def rate(self) -> float | None:
+        """Per-token acceptance (the paper's alpha): accepted / checked."""
+        checked = self.tested or self.proposed
+        return self.accepted / checked if checked else None
+
+    @property
+    def share_accepted(self) -> float | None:
+        """accepted / proposed: lower than `rate`, since drafts after a rejection count too."""
         return self.accepted / self.proposed if self.proposed else None
 
 

@@ -27,10 +27,12 @@ from engine.settings import DecodeSettings
 class Counter:
     proposed: int = 0
     accepted: int = 0
+    tested: int = 0  # accepted + one per verification that rejected something
 
     def add(self, proposed: int, accepted: int) -> None:
         self.proposed += proposed
         self.accepted += accepted
+        self.tested += accepted + (1 if accepted < proposed else 0)
 
 
 @dataclass
@@ -64,7 +66,7 @@ class DecodeStats:
             pairs = (("l0_l2", self.l0_l2),)
         else:
             pairs = ()
-        return tuple(LevelStats(name, c.proposed, c.accepted) for name, c in pairs)
+        return tuple(LevelStats(name, c.proposed, c.accepted, c.tested) for name, c in pairs)
 
 
 class HierarchicalDecoder:
@@ -146,7 +148,7 @@ class HierarchicalDecoder:
     def _retune(self) -> None:
         """settings.auto: re-pick gammas (and the budget, applied at the next rebuild) from measurements."""
         st = self.stats
-        rate = lambda c: c.accepted / c.proposed if c.proposed >= 8 else None  # noqa: E731
+        rate = lambda c: c.accepted / c.tested if c.tested >= 8 else None  # noqa: E731
         use_l0 = self.settings.mode == "triforce" and getattr(self.drafter, "name", "none") != "none"
         self.settings = retune(self.settings, self.full.length, rate(st.l1_l2), rate(st.l0_l1) if use_l0 else None,
                                st.times.l0, st.times.l1, st.times.l2)
