@@ -148,3 +148,38 @@ def format_report(report: dict) -> str:
         lines.append(f"{r['method']:<15}{r['ms_per_token']:>10.1f}{r['tokens_per_s']:>10.2f}{r['speedup_vs_ar']:>7.2f}x"
                      f"{pct('l0_l1'):>8}{pct('l1_l2'):>8}{pct('l0_l2'):>8}{str(r['identical_to_ar']):>12}")
     return "\n".join(lines)
+
+
+def run_reopen_bench(model: LoadedModel, text: str, context: int, repeats: int = 2, log=print) -> dict:
+    """Time to reopen a chat on a `context`-token document: prefill from scratch vs restoring the
+    prefilled-book snapshot (a fresh session each time, as when the app reopens the chat)."""
+    import tempfile
+
+    from engine.snapshots import SnapshotStore
+
+    prompt = build_prompt(model, text, context, "qa")
+    settings = DecodeSettings(mode="ar", max_new_tokens=1)
+    capacity = min(model.max_context, len(prompt) + 64)
+
+    def first_token_seconds(snapshots) -> tuple[float, int]:
+        session = ChatSession(model, settings, draft="none", capacity=capacity, snapshots=snapshots)
+        started = time.perf_counter()
+        computed = 0
+        for event in session.stream_ids(prompt):
+            if isinstance(event, Finished):
+                computed = event.metrics.prefill_tokens
+        return time.perf_counter() - started, computed
+
+    with tempfile.TemporaryDirectory() as root:
+        store = SnapshotStore(root)
+        cold = [first_token_seconds(None) for _ in range(repeats)]
+        first_token_seconds(store)  # the first open saves the snapshot
+        warm = [first_token_seconds(store) for _ in range(repeats)]
+        snapshot_bytes = store.total_bytes()
+    log(f"fresh prefill {cold}, from snapshot {warm}")
+    return {
+        "model": model.model_id, "context_tokens": len(prompt), "snapshot_bytes": snapshot_bytes,
+        "fresh_prefill_s": statistics.median(t for t, _ in cold),
+        "from_snapshot_s": statistics.median(t for t, _ in warm),
+        "tokens_computed_fresh": cold[0][1], "tokens_computed_from_snapshot": warm[0][1],
+    }

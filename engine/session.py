@@ -92,6 +92,11 @@ class ChatSession:
             self.drafter = ModelDrafter(self.drafter.runner, settings.draft_sinks, settings.draft_window, 16)
             self.decoder.drafter = self.drafter
 
+    def set_draft(self, draft: LoadedModel | str) -> None:
+        """Swap the L0 drafter (a model, 'ngram' or 'none') without touching the prefilled caches."""
+        self.drafter = self._make_drafter(draft)
+        self.decoder.drafter = self.drafter
+
     def cancel(self) -> None:
         """Thread-safe: the running stream stops within one step (or one prefill chunk)."""
         self._cancel.set()

@@ -156,8 +156,10 @@ def test_bundled_8k_context_every_mode_matches_ar(bundled_model_dir, sample_pass
             if overrides.get("budget") == 8192:
                 l1 = final.metrics.level("l1_l2")
                 assert l1.accepted == l1.proposed
-    # a model drafter (the target drafting for itself on a 256-token StreamingLLM window)
-    self_draft = ChatSession(model, DecodeSettings(mode="triforce", budget=512, chunk=16, gamma1=3, gamma2=6,
-                                                   max_new_tokens=16), draft=model, capacity=8192)
-    got, _ = answer_tokens(self_draft, prompts[1], doc)
+    # a model drafter (the target drafting for itself on a 256-token StreamingLLM window),
+    # swapped into the same prefilled session
+    session.set_draft(model)
+    session.update_settings(DecodeSettings(mode="triforce", budget=512, chunk=16, gamma1=3, gamma2=6,
+                                           max_new_tokens=16))
+    got, _ = answer_tokens(session, prompts[1], doc)
     assert_identical_or_near_tie(model, session.prompt_tokens(prompts[1], doc), reference[:16], got[:16])

@@ -19,7 +19,9 @@ def register(subparsers) -> None:
                         help="context tokens; a comma-separated list gives the speedup curve, e.g. 1024,2048,4096,8192")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--methods", default="triforce,ar,retrieval-only,hf,hf-lookup")
-    parser.add_argument("--workload", default="continue", choices=("continue", "qa", "both"))
+    parser.add_argument("--workload", default="continue", choices=("continue", "qa", "both", "reopen"),
+                        help="continue a passage (PG-19 setting), answer a question about it, both, or reopen: "
+                             "time to first token on a document with and without its prefill snapshot")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", metavar="OUT", default=None)
     add_decode_arguments(parser)
@@ -48,6 +50,20 @@ def run(args: argparse.Namespace) -> int:
         text = sample_text("hamlet")
     model = load_model(args.model, device=args.device)
     draft = args.draft if args.draft in ("ngram", "none") else load_model(args.draft, device=args.device)
+    if args.workload == "reopen":
+        from engine.bench import run_reopen_bench
+
+        report = run_reopen_bench(model, text, contexts[0], args.repeats,
+                                  log=lambda m: print(m, file=sys.stderr, flush=True))
+        report["date"] = time.strftime("%Y-%m-%d")
+        print(f"{report['model']}: reopening a chat on a {report['context_tokens']}-token document: "
+              f"fresh prefill {report['fresh_prefill_s']:.1f} s ({report['tokens_computed_fresh']} tokens computed), "
+              f"from snapshot {report['from_snapshot_s']:.1f} s ({report['tokens_computed_from_snapshot']} tokens "
+              f"computed; snapshot {report['snapshot_bytes'] / 2**20:.0f} MiB)")
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(report, fh, indent=2)
+        return 0
     workloads = ["continue", "qa"] if args.workload == "both" else [args.workload]
     reports = []
     for workload in workloads:
