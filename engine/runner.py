@@ -73,6 +73,7 @@ class _Layer:
     mlp_norm: torch.Tensor  # [hidden]
     w_gate_up: torch.Tensor  # [2 * I, hidden]
     w_down: torch.Tensor  # [hidden, I]
+    gate_up_packed: torch.Tensor | None = None  # oneDNN-prepacked w_gate_up (CPU float32)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -80,6 +81,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """x [T, in] @ weight[out, in].T, through the prepacked oneDNN copy when there is one."""
+    if packed is not None:
+        return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), packed, None).to_dense()
+    return F.linear(x, weight)
 
 
 class LlamaRunner:
@@ -112,6 +120,7 @@ class LlamaRunner:
             self.lm_head = self.embed if self.head_device == self.device else self.embed.to(self.head_device)
         else:
             self.lm_head = lm_head.to(self.head_device, dtype)
+        self._lm_head_packed = self._pack_for_cpu(self.lm_head)
         self.layers: list[_Layer] = []
         for i in range(arch.n_layers):
             p = f"layers.{i}."
@@ -128,6 +137,7 @@ class LlamaRunner:
                 w_gate_up=torch.cat([take(p + "mlp.gate_proj.weight", dev), take(p + "mlp.up_proj.weight", dev)]),
                 w_down=take(p + "mlp.down_proj.weight", dev),
             ))
+            self.layers[-1].gate_up_packed = self._pack_for_cpu(self.layers[-1].w_gate_up)
 
     @classmethod
     def from_folder(cls, folder: Path, config, device: torch.device, dtype: torch.dtype,
@@ -146,8 +156,25 @@ class LlamaRunner:
     def nbytes(self) -> int:
         tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if t is not None]
+            tensors += [t for name, t in vars(layer).items() if t is not None and not name.endswith("_packed")]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    @staticmethod
+    def _pack_for_cpu(weight: torch.Tensor) -> torch.Tensor | None:
+        """oneDNN-prepacked copy of the vocabulary projection for float32 on the CPU: the stock
+        matmul repacks big matrices on every multi-token call (verification): at 5 tokens the
+        vocabulary projection ran 2.3x and the gate/up projection 3x slower than prepacked on a
+        2-core x86 CPU. None where oneDNN is unavailable."""
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+            return None
+        try:
+            return weight.to_mkldnn()
+        except RuntimeError:
+            return None
+
+    def _vocab_projection(self, h: torch.Tensor) -> torch.Tensor:
+        """h [T, hidden] -> logits [T, V]."""
+        return linear(h, self.lm_head, self._lm_head_packed)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
@@ -169,14 +196,14 @@ class LlamaRunner:
             attn = cache.attend(index, q, k, v)  # [Hq, T, D]
             x = x + F.linear(attn.transpose(0, 1).reshape(n_new, q_size), layer.wo)
             h = rms_norm(x, layer.mlp_norm, arch.rms_eps)
-            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)  # [T, I] each
+            gate, up = linear(h, layer.w_gate_up, layer.gate_up_packed).chunk(2, dim=-1)  # [T, I] each
             x = x + F.linear(F.silu(gate) * up, layer.w_down)
         cache.end()
         if last_only:
             x = x[-1:]
         if x.device != self.head_device:
             x = x.to(self.head_device)
-        logits = F.linear(rms_norm(x, self.norm, arch.rms_eps), self.lm_head).float()  # [T, V]
+        logits = self._vocab_projection(rms_norm(x, self.norm, arch.rms_eps)).float()  # [T, V]
         return logits if logits.device == self.device else logits.to(self.device)
 
 

@@ -83,8 +83,7 @@ def _load_conversation(args, store):
 
 def run(args: argparse.Namespace) -> int:
     from engine.chat_store import ChatStore
-    from engine.model import load_model
-    from engine.session import ChatSession
+    from engine.model_store import resolve_model
 
     if args.max_new_tokens < 1:
         raise InvalidSettingError(f"--max-new-tokens {args.max_new_tokens} is out of range: use 1 or more")
@@ -97,8 +96,14 @@ def run(args: argparse.Namespace) -> int:
     documents = documents + new_docs
     messages = history + [ChatMessage("user", args.ask)]
 
-    target = load_model(args.model, device=args.device, progress=_progress_printer(args))
-    draft = args.draft if args.draft in ("ngram", "none") else load_model(args.draft, device=args.device)
+    # resolve specs before importing torch/transformers, so a wrong spec fails in a blink
+    target_folder = resolve_model(args.model, progress=_progress_printer(args))
+    draft_folder = None if args.draft in ("ngram", "none") else resolve_model(args.draft)
+    from engine.model import load_folder
+    from engine.session import ChatSession
+
+    target = load_folder(target_folder, device=args.device)
+    draft = args.draft if draft_folder is None else load_folder(draft_folder, device=args.device)
     from engine.prompt import render_tokens
 
     prompt_len = len(render_tokens(target.tokenizer, messages, documents, args.system))
