@@ -94,7 +94,7 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
     """Run each method `repeats` times on one prompt; returns the JSON-ready report."""
     prompt = build_prompt(model, text, context, workload)
     settings = base.replace(max_new_tokens=new_tokens)
-    settings = settings.replace(stop=())
+    settings = settings.replace(stop=(), ignore_eos=True)  # same token count as transformers' generate
     session = ChatSession(model, settings.replace(mode="ar"), draft=draft,
                           capacity=min(model.max_context, len(prompt) + new_tokens + 64))
     log(f"prefill {len(prompt)} tokens")

@@ -166,7 +166,7 @@ class ChatSession:
         seq = self.held + [first]
         answer = [first]
         text = StreamingText(self.target.tokenizer, s.stop)
-        eos = set(self.target.eos_ids)
+        eos = set() if s.ignore_eos else set(self.target.eos_ids)
         reason = FinishReason.EOS if first in eos else None
         if reason is None:
             piece = text.add([first])

@@ -57,6 +57,7 @@ class DecodeSettings:
     stop: tuple[str, ...] = ()
     sampling: Sampling = Sampling()
     auto: bool = False
+    ignore_eos: bool = False  # benchmarks: always generate max_new_tokens, as transformers' generate does
 
     def replace(self, **changes) -> "DecodeSettings":
         return dataclasses.replace(self, **changes)
