@@ -168,10 +168,13 @@ class ChatSession:
         text = StreamingText(self.target.tokenizer, s.stop)
         eos = set() if s.ignore_eos else set(self.target.eos_ids)
         reason = FinishReason.EOS if first in eos else None
+        unshown: list[int] = []  # tokens whose text is still held back (partial UTF-8, maybe a stop string)
         if reason is None:
             piece = text.add([first])
+            unshown.append(first)
             if piece:
-                yield TokenText(piece, (first,), Level.L2)
+                yield TokenText(piece, tuple(unshown), Level.L2)
+                unshown = []
             reason = FinishReason.STOP if text.stopped else None
         last_metrics = time.perf_counter()
         while reason is None:
@@ -196,8 +199,10 @@ class ChatSession:
                     break
                 answer.append(token)
                 piece = text.add([token])
+                unshown.append(token)
                 if piece:
-                    yield TokenText(piece, (token,), level)
+                    yield TokenText(piece, tuple(unshown), level)
+                    unshown = []
                 if text.stopped:
                     reason = FinishReason.STOP
                     break
@@ -207,8 +212,8 @@ class ChatSession:
         self.held = seq[:-1]
         if reason != FinishReason.STOP:
             tail = text.flush()
-            if tail:
-                yield TokenText(tail, (), Level.L2)
+            if tail or unshown:
+                yield TokenText(tail, tuple(unshown), Level.L2)
         metrics = self._metrics(len(prompt), len(answer), started, prefill_done, first_at)
         yield metrics
         yield Finished(reason, text.text, metrics=metrics)

@@ -163,3 +163,12 @@ def test_bundled_8k_context_every_mode_matches_ar(bundled_model_dir, sample_pass
                                            max_new_tokens=16))
     got, _ = answer_tokens(session, prompts[1], doc)
     assert_identical_or_near_tie(model, session.prompt_tokens(prompts[1], doc), reference[:16], got[:16])
+
+
+def test_every_generated_token_reaches_the_event_stream(tiny, sample_text):
+    """Tokens whose text is held back (partial UTF-8) still arrive, with the next text piece."""
+    settings = DecodeSettings(mode="ar", max_new_tokens=40, ignore_eos=True)
+    session = ChatSession(tiny, settings, draft="none", capacity=2048)
+    tokens, final = answer_tokens(session, _messages("Go on."), [DocumentText("Hamlet", sample_text[:500])])
+    assert len(tokens) == final.metrics.new_tokens == 40
+    assert "".join(session.target.tokenizer.decode(tokens, skip_special_tokens=True)) == final.text
