@@ -48,6 +48,12 @@ class FullCache(KVCache):
     def bytes_per_token(self) -> int:
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.keys[0].element_size()
 
+    def retrieval(self, n_heads: int, budget: int, chunk: int, headroom: int):
+        """A new L1 retrieval cache over this cache (a sharded full cache returns a sharded one)."""
+        from engine.cache_retrieval import RetrievalCache  # imports this module
+
+        return RetrievalCache(self, n_heads, budget, chunk, headroom)
+
     # --- used by the retrieval cache and snapshots ---------------------------------------------
     def layer_kv(self, layer: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views [Hkv, stop-start, D] of held tokens (post-RoPE keys, values)."""

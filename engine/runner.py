@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
 from engine.cache_base import KVCache
+from engine.cache_full import FullCache
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.rope import Rotary
 
@@ -76,6 +78,40 @@ class _Layer:
     gate_up_packed: torch.Tensor | None = None  # oneDNN-prepacked w_gate_up (CPU float32)
 
 
+def state_tensor(state: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """A checkpoint tensor by its name with or without the "model." prefix."""
+    for key in (name, "model." + name):
+        if key in state:
+            return state[key]
+    raise ModelFormatError(f"weights lack tensor {name!r}: the checkpoint is incomplete or not Llama-family")
+
+
+def layer_tensors(state: dict[str, torch.Tensor], index: int, qkv_bias: bool) -> dict[str, torch.Tensor]:
+    """One decoder layer's checkpoint tensors, as stored: q/k/v/o, gate/up/down, the two norms
+    (and q/k/v biases when the model has them)."""
+    p = f"layers.{index}."
+    names = {"q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
+             "o": "self_attn.o_proj.weight", "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight",
+             "down": "mlp.down_proj.weight", "attn_norm": "input_layernorm.weight",
+             "mlp_norm": "post_attention_layernorm.weight"}
+    if qkv_bias:
+        names.update(q_bias="self_attn.q_proj.bias", k_bias="self_attn.k_proj.bias", v_bias="self_attn.v_proj.bias")
+    return {key: state_tensor(state, p + name) for key, name in names.items()}
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of every *.safetensors file in `folder` (sharded checkpoints included), on the CPU."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise ModelFormatError(f"{folder} has no .safetensors weights: pass a folder with a safetensors checkpoint")
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            for key in handle.keys():
+                state[key] = handle.get_tensor(key)
+    return state
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm: normalise in float32, scale in the weights' dtype (as transformers does)."""
     x32 = x.float()
@@ -108,10 +144,7 @@ class LlamaRunner:
         self.rope = Rotary(config, arch.head_dim, self.device, max_positions or arch.max_context)
 
         def take(name: str, where: torch.device | None = None) -> torch.Tensor:
-            for key in (name, "model." + name):
-                if key in state:
-                    return state[key].to(where or self.device, dtype)
-            raise ModelFormatError(f"weights lack tensor {name!r}: the checkpoint is incomplete or not Llama-family")
+            return state_tensor(state, name).to(where or self.device, dtype)
 
         self.embed = take("embed_tokens.weight")  # [V, hidden]
         self.norm = take("norm.weight", self.head_device)
@@ -123,19 +156,16 @@ class LlamaRunner:
         self._lm_head_packed = self._pack_for_cpu(self.lm_head)
         self.layers: list[_Layer] = []
         for i in range(arch.n_layers):
-            p = f"layers.{i}."
+            w = layer_tensors(state, i, arch.qkv_bias)
             dev = self.layer_devices[i]
-            bias = None
-            if arch.qkv_bias:
-                bias = torch.cat([take(p + f"self_attn.{n}_proj.bias", dev) for n in "qkv"])
             self.layers.append(_Layer(
-                attn_norm=take(p + "input_layernorm.weight", dev),
-                wqkv=torch.cat([take(p + f"self_attn.{n}_proj.weight", dev) for n in "qkv"]),
-                bqkv=bias,
-                wo=take(p + "self_attn.o_proj.weight", dev),
-                mlp_norm=take(p + "post_attention_layernorm.weight", dev),
-                w_gate_up=torch.cat([take(p + "mlp.gate_proj.weight", dev), take(p + "mlp.up_proj.weight", dev)]),
-                w_down=take(p + "mlp.down_proj.weight", dev),
+                attn_norm=w["attn_norm"].to(dev, dtype),
+                wqkv=torch.cat([w["q"], w["k"], w["v"]]).to(dev, dtype),
+                bqkv=torch.cat([w["q_bias"], w["k_bias"], w["v_bias"]]).to(dev, dtype) if arch.qkv_bias else None,
+                wo=w["o"].to(dev, dtype),
+                mlp_norm=w["mlp_norm"].to(dev, dtype),
+                w_gate_up=torch.cat([w["gate"], w["up"]]).to(dev, dtype),
+                w_down=w["down"].to(dev, dtype),
             ))
             self.layers[-1].gate_up_packed = self._pack_for_cpu(self.layers[-1].w_gate_up)
 
@@ -143,15 +173,23 @@ class LlamaRunner:
     def from_folder(cls, folder: Path, config, device: torch.device, dtype: torch.dtype,
                     max_positions: int | None = None, layer_devices=None) -> "LlamaRunner":
         """Load every *.safetensors file in `folder` (sharded checkpoints included)."""
-        files = sorted(Path(folder).glob("*.safetensors"))
-        if not files:
-            raise ModelFormatError(f"{folder} has no .safetensors weights: pass a folder with a safetensors checkpoint")
-        state: dict[str, torch.Tensor] = {}
-        for path in files:
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                for key in handle.keys():
-                    state[key] = handle.get_tensor(key)
-        return cls(config, state, device, dtype, max_positions, layer_devices)
+        return cls(config, read_safetensors(folder), device, dtype, max_positions, layer_devices)
+
+    def new_full_cache(self, capacity: int, offloaded: Sequence[int] = (), **options) -> FullCache:
+        """The target's full cache for this runner's placement: each layer's K/V on the card that
+        computes it, or in pinned CPU memory for the `offloaded` layers (OffloadedCache options)."""
+        a = self.arch
+        if not offloaded and not options and all(d == self.device for d in self.layer_devices):
+            return FullCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.dtype, self.device)
+        from engine.cache_offload import OffloadedCache
+
+        return OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.dtype, self.device, offloaded,
+                              layer_devices=self.layer_devices, **options)
+
+    def describe(self) -> str:
+        """Where the weights run, for people: "cuda:0", or "cuda:0+cuda:1 (layer split)"."""
+        cards = list(dict.fromkeys(str(d) for d in self.layer_devices))
+        return cards[0] if len(cards) == 1 else "+".join(cards) + " (layer split)"
 
     def nbytes(self) -> int:
         tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])

@@ -16,7 +16,6 @@ from typing import Iterator, Sequence
 import torch
 
 from engine.acceptance import sample_token
-from engine.cache_full import FullCache
 from engine.detokenize import StreamingText
 from engine.drafters import ModelDrafter, NgramDrafter, NoDrafter, common_prefix
 from engine.errors import ContextOverflowError, InvalidSettingError, UserError
@@ -54,8 +53,7 @@ class ChatSession:
         if cache_factory is not None:
             self.full = cache_factory(target.runner, self.capacity)
         else:
-            self.full = FullCache(arch.n_layers, arch.n_kv_heads, arch.head_dim, self.capacity,
-                                  target.runner.dtype, target.runner.device)
+            self.full = target.runner.new_full_cache(self.capacity)
         self.held: list[int] = []  # tokens whose K/V the full cache holds (== full.length)
         self.snapshots = snapshots
         self._cancel = threading.Event()
@@ -265,7 +263,10 @@ class ChatSession:
     # --- snapshots (prefilled books) -----------------------------------------------------------
     def _snapshot_key(self) -> str:
         folder = self.target.folder
-        return f"{self.target.model_id}:{getattr(folder, 'weights_hash', '')}:{self.full.dtype}"
+        key = f"{self.target.model_id}:{getattr(folder, 'weights_hash', '')}:{self.full.dtype}"
+        # tensor parallel sums split matmuls in another order: its K/V differ from one card's by rounding
+        split = getattr(self.target.runner, "split_tag", "")
+        return f"{key}:{split}" if split else key
 
     def _restore_snapshot(self, tokens: list[int], reuse: int) -> int:
         if self.snapshots is None:

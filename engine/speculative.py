@@ -103,8 +103,7 @@ class HierarchicalDecoder:
         r = self.retrieval
         if r is None or r.budget != s.budget or r.chunk != s.chunk or r.headroom < self._headroom():
             self.retrieval = None  # free the old buffers first
-            self.retrieval = r = RetrievalCache(self.full, self.runner.arch.n_heads, s.budget, s.chunk,
-                                                self._headroom())
+            self.retrieval = r = self.full.retrieval(self.runner.arch.n_heads, s.budget, s.chunk, self._headroom())
         r.rebuild(self._prompt_query)
         self.rebuilds += 1
         self._since_rebuild = 0

@@ -4,22 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cache_full import FullCache
-from engine.events import ChatMessage, DocumentText, Finished, TokenText
+from engine.events import ChatMessage, DocumentText
 from engine.model import load_folder
 from engine.session import ChatSession
 from engine.settings import DecodeSettings
-
-
-def answer_tokens(session: ChatSession, messages, documents=()) -> tuple[list[int], Finished]:
-    tokens: list[int] = []
-    final = None
-    for event in session.stream(messages, documents):
-        if isinstance(event, TokenText):
-            tokens += event.token_ids
-        elif isinstance(event, Finished):
-            final = event
-    return tokens, final
+from streams import answer_tokens
 
 
 def assert_identical_or_near_tie(model, prompt_ids: list[int], reference: list[int], candidate: list[int]) -> None:
@@ -31,8 +20,7 @@ def assert_identical_or_near_tie(model, prompt_ids: list[int], reference: list[i
     i = next((j for j in range(n) if candidate[j] != reference[j]), n)
     assert i < n, f"one output is a prefix of the other: {len(candidate)} vs {len(reference)} tokens"
     runner = model.runner
-    a = runner.arch
-    cache = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, len(prompt_ids) + i + 1, runner.dtype, runner.device)
+    cache = runner.new_full_cache(len(prompt_ids) + i + 1)
     ids = torch.tensor(prompt_ids + reference[:i])
     logits = runner.forward(ids, torch.arange(len(ids)), cache, last_only=True)[0]
     gap = (logits[reference[i]] - logits[candidate[i]]).abs().item()
