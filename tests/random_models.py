@@ -11,6 +11,13 @@ from engine.runner import LlamaRunner
 def random_runner(seed: int, vocab: int = 12, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                   logit_scale: float = 1.5, device: str = "cpu", dtype: torch.dtype = torch.float32,
                   max_positions: int = 4096) -> LlamaRunner:
+    config, state = random_weights(seed, vocab, hidden, layers, heads, kv_heads, logit_scale, max_positions)
+    return LlamaRunner(config, state, torch.device(device), dtype)
+
+
+def random_weights(seed: int, vocab: int = 12, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+                   logit_scale: float = 1.5, max_positions: int = 4096) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    """(config, checkpoint-style state dict) of a random Llama on the CPU."""
     head_dim = hidden // heads
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                          num_key_value_heads=kv_heads, intermediate_size=2 * hidden,
@@ -31,4 +38,4 @@ def random_runner(seed: int, vocab: int = 12, hidden: int = 32, layers: int = 2,
     state["model.embed_tokens.weight"] = torch.randn(vocab, hidden, generator=g)
     state["model.norm.weight"] = torch.ones(hidden)
     state["lm_head.weight"] = torch.randn(vocab, hidden, generator=g) * logit_scale  # peaky distributions
-    return LlamaRunner(config, state, torch.device(device), dtype)
+    return config, state
