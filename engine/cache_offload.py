@@ -292,23 +292,19 @@ class OffloadedCache(FullCache):
 
 
 def offloaded_layers(plan) -> list[int]:
-    """Layers whose full KV a planner `Plan` puts in pinned CPU memory (none on a CPU-only plan)."""
+    """Layers whose full KV a planner `Plan` puts in pinned CPU memory (none on a CPU-only plan).
+    Under tensor parallel every card offloads the same layers (its share of their KV heads)."""
     if plan.mode == "cpu":
         return []
-    if plan.mode == "tensor-parallel":
-        raise InvalidSettingError("tensor-parallel placement is not built: plan with layer split "
-                                  "(plan_placement(..., tensor_parallel=False), the default)")
     return [i for i, d in enumerate(plan.kv_devices) if d == "cpu"]
 
 
 def cache_factory_for_plan(plan, **options) -> Callable:
-    """`factory(runner, capacity) -> OffloadedCache` placing layers as `plan` says: its offloaded
-    layers in pinned CPU memory, every other layer on the card the runner computes it on."""
+    """`factory(runner, capacity) -> full cache` placing layers as `plan` says: its offloaded
+    layers in pinned CPU memory, every other layer on the card(s) the runner computes it on."""
     layers = offloaded_layers(plan)
 
-    def factory(runner, capacity: int) -> OffloadedCache:
-        a = runner.arch
-        return OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, runner.dtype, runner.device, layers,
-                              layer_devices=getattr(runner, "layer_devices", None), **options)
+    def factory(runner, capacity: int):
+        return runner.new_full_cache(capacity, layers, **options)
 
     return factory

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from engine.errors import ModelFormatError
-from engine.runner import LlamaRunner
+from engine.runner import LlamaRunner, read_safetensors
 
 Progress = Callable[[str, float | None], None]
 
@@ -22,12 +22,17 @@ class LoadedModel:
     folder: object  # engine.model_store.ModelFolder
     config: object
     tokenizer: object
-    runner: LlamaRunner
+    runner: LlamaRunner  # or a TensorParallelRunner: the same interface
     eos_ids: tuple[int, ...]
 
     @property
     def device(self) -> torch.device:
         return self.runner.device
+
+    @property
+    def where(self) -> str:
+        """Where the weights run: "cpu", "cuda:0", "cuda:0+cuda:1 (tensor parallel)"..."""
+        return self.runner.describe()
 
     @property
     def max_context(self) -> int:
@@ -59,30 +64,44 @@ def _eos_ids(folder: Path, config, tokenizer) -> tuple[int, ...]:
     return tuple(sorted(i for i in ids if i is not None))
 
 
-def load_folder(folder_info, device: str = "auto", max_positions: int | None = None) -> LoadedModel:
-    """Load a resolved model folder (anything with `.path`, or a plain path)."""
+def load_tokenizer(path: Path):
+    """The folder's tokenizer (no weights read)."""
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelFormatError(f"{path} has no usable tokenizer ({exc}): the folder needs tokenizer files") from exc
+
+
+def load_folder(folder_info, device: str = "auto", max_positions: int | None = None,
+                placement=None) -> LoadedModel:
+    """Load a resolved model folder (anything with `.path`, or a plain path).
+
+    placement: an `engine.placement.Placement` (from a planner plan): the weights go to its
+    card(s), as one card, a layer split or tensor parallel; `device` then only picks the dtype."""
     path = Path(getattr(folder_info, "path", folder_info))
     if not (path / "config.json").is_file():
         raise ModelFormatError(f"{path} has no config.json: pass a model folder saved by transformers")
     config = AutoConfig.from_pretrained(path, local_files_only=True)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ModelFormatError(f"{path} has no usable tokenizer ({exc}): the folder needs tokenizer files") from exc
-    dev, dtype = pick_device(device)
-    runner = LlamaRunner.from_folder(path, config, dev, dtype, max_positions)
+    tokenizer = load_tokenizer(path)
+    if placement is None:
+        dev, dtype = pick_device(device)
+        runner = LlamaRunner.from_folder(path, config, dev, dtype, max_positions)
+    else:
+        _, dtype = pick_device(placement.first_device if device == "auto" else device)
+        runner = placement.build_runner(config, read_safetensors(path), dtype, max_positions)
     return LoadedModel(folder_info, config, tokenizer, runner, _eos_ids(path, config, tokenizer))
 
 
 def load_model(spec: str, device: str = "auto", progress: Progress | None = None,
-               cancel: Callable[[], bool] | None = None, max_positions: int | None = None) -> LoadedModel:
+               cancel: Callable[[], bool] | None = None, max_positions: int | None = None,
+               placement=None) -> LoadedModel:
     """Resolve a spec (bundled, hub repo id, folder, .gguf) and load it."""
     from engine.model_store import resolve_model
 
     folder = resolve_model(spec, progress=progress, cancel=cancel)
     if progress:
         progress("loading weights", None)
-    model = load_folder(folder, device, max_positions)
+    model = load_folder(folder, device, max_positions, placement)
     if progress:
         progress("ready", 1.0)
     return model
