@@ -32,10 +32,10 @@ DEFAULT_CPU_HEADROOM = 2 * GiB  # kept free in RAM for the app and the OS
 PROFILES = ("cpu", "4090", "4090x2", "auto")
 STAGING_SLOTS = 2  # GPU buffers of one layer's KV each: copy layer i+1 while layer i computes
 SCORE_PIECE_TOKENS = 16384  # RetrievalCache.SCORE_PIECE: offloaded keys come to the card in pieces to be scored
-# Built placements: one card, or layers split across cards (engine/cache_offload.py, the runner's
-# layer_devices). Tensor parallel is modelled (reported as an alternative) but not built, so the
-# planner only picks it when asked to (plan_placement(tensor_parallel=True)).
-TENSOR_PARALLEL_BUILT = False
+# Built placements: one card, layers split across cards (engine/cache_offload.py, the runner's
+# layer_devices) and tensor parallel (engine/runner_tp.py, engine/cache_sharded.py). The plan
+# picks the lowest floor among them; plan_placement(tensor_parallel=False) rules TP out.
+TENSOR_PARALLEL_BUILT = True
 
 
 @dataclass(frozen=True)
@@ -291,8 +291,8 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
     dtype_bytes: weights and KV; default 2 (bf16) on GPUs, 4 (fp32) on the CPU.
     tp_offload: let tensor parallel offload KV too (each card streams its heads' share);
     False plans tensor parallel only when all KV fits on-chip.
-    tensor_parallel: may the plan *choose* tensor parallel (default: TENSOR_PARALLEL_BUILT,
-    i.e. no: it is not built). It is always computed and reported among the alternatives.
+    tensor_parallel: may the plan *choose* tensor parallel (default: TENSOR_PARALLEL_BUILT, yes).
+    It is always computed and reported among the alternatives.
     Raises ContextOverflowError, IncompatibleDraftError, InvalidSettingError on bad input and
     OutOfMemoryPlanError naming what does not fit (unless raise_on_misfit=False, which returns
     the closest plan with fits=False and its shortfalls).
@@ -530,8 +530,11 @@ def _tensor_parallel_layout(s: _Sizes, spec: DeviceSpec, draft_card: int | None,
     for i, (gpu, dev) in enumerate(zip(spec.gpus, devs)):
         drafting = i == draft_card
         lay.parts[dev] = _nonzero({
-            "target_layers": share(L * s.layer_weights), "target_embeddings": share(s.embeddings),
-            "target_lm_head": share(s.lm_head), "retrieval_cache": share(L * s.layer_retrieval),
+            "target_layers": share(L * s.layer_weights),
+            # the runner keeps the embedding table whole on the first card and gives every card
+            # its vocabulary rows of lm_head (a copy of the table's rows when they are tied)
+            "target_embeddings": s.embeddings if i == 0 else 0,
+            "target_lm_head": share(s.lm_head + (s.embeddings if s.tied else 0)), "retrieval_cache": share(L * s.layer_retrieval),
             "rebuild_scratch": share(s.rebuild_scratch),
             "draft_weights": s.draft_weights if drafting else 0, "draft_cache": s.draft_cache if drafting else 0,
             "working": s.activations + s.logits})
@@ -662,7 +665,7 @@ def _alternatives(candidates: list[_Layout], spec: DeviceSpec, allow_tp: bool = 
                 off = sum(k == "cpu" for k in c.kv_devices)
                 detail = f"{off} layers offloaded, each card streams its heads' share" if off else "all KV on-chip"
                 if not allow_tp:
-                    detail += "; not built"
+                    detail += "; ruled out"
             out.append(ModeOption(mode, True, c.floors, detail))
         else:
             c = min(group, key=lambda x: sum(b for _, b in x.shortfalls))
@@ -683,14 +686,14 @@ def _mode_reason(best: _Layout, alternatives: tuple[ModeOption, ...], spec: Devi
                "all KV fits on-chip and each card reads 1/n of the bytes per forward")
         why += "; layer-split cards take turns, so one card (and one link) works at a time"
     elif best.mode == "layer-split":
-        why = ("lowest modelled floor" + ("" if allow_tp else " of the built modes (tensor parallel is not built)")
+        why = ("lowest modelled floor" + ("" if allow_tp else " once tensor parallel is ruled out")
                + "; " + (streamed if off else "all KV on-chip"))
     else:
         why = "it all fits on one card; splitting adds hand-offs or all-reduces without reading fewer bytes per card"
     others = []
     for a in alternatives:
         if a.fits:
-            built = "" if allow_tp or a.mode != "tensor-parallel" else ", not built"
+            built = "" if allow_tp or a.mode != "tensor-parallel" else ", ruled out"
             others.append(f"{a.mode} {a.floors.end_to_end_ms:.1f} ms/token (L2 {a.floors.l2_ms:.1f} ms{built})")
         else:
             others.append(f"{a.mode} does not fit ({a.detail})")

@@ -31,8 +31,10 @@ def test_json_two_4090s(tmp_path) -> None:
     r = run_plan(tmp_path, *LLAMA, "--context", "131072", "--devices", "4090x2", "--json")
     assert r.returncode == 0, r.stderr
     obj = json.loads(r.stdout)
-    assert obj["fits"] is True and obj["kv_layers_offloaded"] == 0 and obj["mode"] == "layer-split"
+    assert obj["fits"] is True and obj["kv_layers_offloaded"] == 0 and obj["mode"] == "tensor-parallel"
     assert {a["mode"] for a in obj["alternatives"]} == {"layer-split", "tensor-parallel"}
+    r = run_plan(tmp_path, *LLAMA, "--context", "131072", "--devices", "4090x2", "--json", "--no-tensor-parallel")
+    assert json.loads(r.stdout)["mode"] == "layer-split"
 
 
 def test_preset_draft_is_the_default(tmp_path) -> None:

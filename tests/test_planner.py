@@ -151,16 +151,28 @@ def test_two_gpus_with_offload_prefer_splitting_heads_over_layers() -> None:
     assert "does not fit" in only_split.mode_reason
 
 
-def test_default_choice_is_the_built_layer_split() -> None:
-    """Tensor parallel is modelled and reported but not built: by default the plan picks the
-    layer split (what engine/cache_offload.py and the runner's layer_devices implement)."""
+def test_default_choice_on_two_cards_is_tensor_parallel_for_the_presets() -> None:
+    """Both multi-card modes are built; the plan picks the lower floor, which for both presets is
+    tensor parallel (engine/runner_tp.py). Ruling it out gives the layer split, and says so."""
     for shape, draft in ((LLAMA31, LLAMA32_1B), (YARN, LLAMA68M)):
         plan = plan_placement(shape_for(shape), shape_for(draft), CTX, S, "4090x2")
         alt = {a.mode: a for a in plan.alternatives}
-        assert plan.mode == "layer-split" and "tensor parallel is not built" in plan.mode_reason
-        assert alt["tensor-parallel"].fits and alt["tensor-parallel"].detail.endswith("not built")
-        assert plan.floors.end_to_end_ms == pytest.approx(alt["layer-split"].floors.end_to_end_ms)
-        assert alt["tensor-parallel"].floors.end_to_end_ms < plan.floors.end_to_end_ms
+        assert plan.mode == "tensor-parallel" and "not built" not in plan.mode_reason
+        assert plan.layer_devices == ("cuda:0+cuda:1",) * shape_for(shape).layers
+        assert plan.floors.end_to_end_ms == pytest.approx(alt["tensor-parallel"].floors.end_to_end_ms)
+        assert plan.floors.end_to_end_ms < alt["layer-split"].floors.end_to_end_ms
+        split = plan_placement(shape_for(shape), shape_for(draft), CTX, S, "4090x2", tensor_parallel=False)
+        assert split.mode == "layer-split" and "tensor parallel is ruled out" in split.mode_reason
+
+
+def test_tensor_parallel_keeps_the_embedding_table_on_the_first_card() -> None:
+    t, d = shape_for(LLAMA31), shape_for(LLAMA32_1B)
+    plan = plan_placement(t, d, CTX, S, "4090x2")
+    table = t.vocab * t.hidden * 2
+    assert plan.device("cuda:0").component("target_embeddings") == table
+    assert plan.device("cuda:1").component("target_embeddings") == 0
+    # untied: each card holds half of lm_head's rows (plus the final norm)
+    assert plan.device("cuda:1").component("target_lm_head") == pytest.approx(table / 2, rel=1e-3)
 
 
 def test_tensor_parallel_needs_divisible_heads() -> None:

@@ -28,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="RAM of the planned machine (GiB); default: 128 for the 4090 profiles, measured otherwise")
     p.add_argument("--tp-offload", action=argparse.BooleanOptionalAction, default=True,
                    help="let tensor parallel offload KV too (each card streams its share of the heads)")
-    p.add_argument("--tensor-parallel", action="store_true", default=None,
-                   help="let the plan choose tensor parallel on two GPUs (modelled only: not built yet)")
+    p.add_argument("--tensor-parallel", action=argparse.BooleanOptionalAction, default=None,
+                   help="may the plan choose tensor parallel on two GPUs (default: yes, when its floor is lower)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
