@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -107,27 +108,30 @@ class EngineBackend:
         from engine.model_store import resolve_model
         return resolve_model(spec, progress=progress, cancel=cancel)
 
-    def load(self, resolved: Any) -> Any:
-        """Load a resolved folder's weights and tokenizer."""
+    def plan_for(self, resolved: Any, draft_resolved: Any, settings: DecodeSettings) -> Any:
+        """On a CUDA machine: the planner's placement for the model's whole context (one card, a
+        layer split or tensor parallel; which KV layers live in pinned CPU memory), made from
+        config.json before any weight is read. Raises OutOfMemoryPlanError, with the numbers,
+        when it cannot fit. None without a GPU (everything then runs on the CPU)."""
+        from engine.placement import plan_for_folders
+        path = Path(getattr(resolved, "path", resolved))
+        draft_path = None if draft_resolved is None else Path(getattr(draft_resolved, "path", draft_resolved))
+        return plan_for_folders(path, draft_path, None, settings)
+
+    def load(self, resolved: Any, plan: Any = None, draft: bool = False) -> Any:
+        """Load a resolved folder's weights and tokenizer where `plan` puts them (target: its
+        cards; draft: its draft card); without a plan, on the best single device."""
         from engine.model import load_folder
-        return load_folder(resolved)
+        if plan is None:
+            return load_folder(resolved)
+        if draft:
+            return load_folder(resolved, device=plan.draft_device or "auto")
+        from engine.placement import Placement
+        return load_folder(resolved, placement=Placement.from_plan(plan))
 
-    def session(self, target: Any, settings: DecodeSettings, draft: Any) -> Any:
+    def session(self, target: Any, settings: DecodeSettings, draft: Any, plan: Any = None) -> Any:
         from engine.session import ChatSession
-        return ChatSession(target, settings, draft=draft, snapshots=self.snapshots(),
-                           plan=self.plan(target, settings, draft))
-
-    def plan(self, target: Any, settings: DecodeSettings, draft: Any) -> Any:
-        """On a GPU: the planner's placement for the model's whole context (which KV layers live
-        in pinned CPU memory). Raises OutOfMemoryPlanError, with the numbers, before allocating
-        anything when it cannot fit. None on the CPU (the cache simply lives in RAM)."""
-        if getattr(getattr(target, "device", None), "type", "cpu") != "cuda":
-            return None
-        from engine.model_shape import ModelShape
-        from engine.planner import plan_placement
-        shape = ModelShape.from_config(target.config, name=str(getattr(target.folder, "name", "")))
-        draft_shape = None if isinstance(draft, str) else ModelShape.from_config(draft.config)
-        return plan_placement(shape, draft_shape, int(target.max_context), settings, "auto")
+        return ChatSession(target, settings, draft=draft, snapshots=self.snapshots(), plan=plan)
 
     def snapshots(self) -> Any:
         """Prefilled books on disk: reopening a chat with a long document skips most of its prefill."""
@@ -145,7 +149,7 @@ def _model_info(spec: str, target: Any, draft: Any) -> ModelInfo:
     model_id = getattr(folder, "model_id", None) or name
     source = str(getattr(folder, "source", "") or "")
     draft_name = draft if isinstance(draft, str) else getattr(getattr(draft, "folder", None), "name", "model")
-    return ModelInfo(spec=spec, name=str(name), model_id=str(model_id), device=str(getattr(target, "device", "cpu")),
+    return ModelInfo(spec=spec, name=str(name), model_id=str(model_id), device=str(getattr(target, "where", None) or getattr(target, "device", "cpu")),
                      max_context=int(getattr(target, "max_context", 0) or 0), draft=str(draft_name), source=source)
 
 
@@ -235,13 +239,14 @@ class EngineWorker(QObject):
                 had_model, self._session, self._target = self._session is not None, None, None
             if had_model:
                 self.modelUnloaded.emit(job)
+            plan = self._backend.plan_for(folder, draft_folder, self._settings)  # before any weight loads
             progress(f"Loading {spec}", None)
-            target = self._backend.load(folder)
+            target = self._backend.load(folder, plan)
             draft: Any = draft_spec or "ngram"
             if draft_folder is not None:
                 progress(f"Loading draft model {draft_spec}", None)
-                draft = self._backend.load(draft_folder)
-            session = self._backend.session(target, self._settings_for(target), draft)
+                draft = self._backend.load(draft_folder, plan, draft=True)
+            session = self._backend.session(target, self._settings_for(target), draft, plan)
             with self._lock:
                 self._target, self._session = target, session
                 self._settings = session.settings

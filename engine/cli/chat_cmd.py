@@ -99,28 +99,38 @@ def run(args: argparse.Namespace) -> int:
     # resolve specs before importing torch/transformers, so a wrong spec fails in a blink
     target_folder = resolve_model(args.model, progress=_progress_printer(args))
     draft_folder = None if args.draft in ("ngram", "none") else resolve_model(args.draft)
-    from engine.model import load_folder
+    from engine.model import load_folder, load_tokenizer
+    from engine.placement import Placement, plan_for_folders
+    from engine.prompt import render_tokens
     from engine.session import ChatSession
 
-    target = load_folder(target_folder, device=args.device)
-    draft = args.draft if draft_folder is None else load_folder(draft_folder, device=args.device)
-    from engine.prompt import render_tokens
-
-    prompt_len = len(render_tokens(target.tokenizer, messages, documents, args.system))
+    tokenizer = load_tokenizer(target_folder.path)  # the prompt's length sizes the plan and the cache
+    prompt_len = len(render_tokens(tokenizer, messages, documents, args.system))
+    max_context = _max_context(target_folder.path)
     needed = prompt_len + args.max_new_tokens
-    if needed > target.max_context:
+    if needed > max_context:
         raise ContextOverflowError(
             f"the prompt is {prompt_len:,} tokens and the answer may take {args.max_new_tokens:,} more "
-            f"({needed:,}), but {target.folder.name} holds {target.max_context:,}: shorten the document, lower "
+            f"({needed:,}), but {target_folder.name} holds {max_context:,}: shorten the document, lower "
             f"--max-new-tokens, or pick a model with a longer context")
     settings = build_settings(args, prompt_len)
+    capacity = min(max_context, needed + 64)
+    # on a GPU machine: plan where weights and KV go (one card, layer split or tensor parallel,
+    # offloaded KV layers) before any weight is read; raises with the numbers if it cannot fit
+    plan = plan_for_folders(target_folder.path, getattr(draft_folder, "path", None), capacity, settings,
+                            devices="auto") if args.device == "auto" else None
+    if plan is not None:
+        target = load_folder(target_folder, placement=Placement.from_plan(plan))
+        draft = args.draft if draft_folder is None else load_folder(draft_folder, device=plan.draft_device or "auto")
+    else:
+        target = load_folder(target_folder, device=args.device)
+        draft = args.draft if draft_folder is None else load_folder(draft_folder, device=args.device)
     snapshots = None
     if not args.no_snapshot:
         from engine.snapshots import SnapshotStore
 
         snapshots = SnapshotStore()
-    capacity = min(target.max_context, needed + 64)
-    session = ChatSession(target, settings, draft=draft, capacity=capacity, snapshots=snapshots)
+    session = ChatSession(target, settings, draft=draft, capacity=capacity, snapshots=snapshots, plan=plan)
 
     final = None
     for event in session.stream(messages, documents, args.system):
@@ -142,6 +152,11 @@ def run(args: argparse.Namespace) -> int:
     if args.stats:
         print(json.dumps(_stats(final, chat_id)), file=sys.stderr)
     return 0
+
+
+def _max_context(folder) -> int:
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    return int(config.get("max_position_embeddings") or 4096)
 
 
 def _stats(final: Finished, chat_id) -> dict:

@@ -139,10 +139,13 @@ class FakeBackend:
             time.sleep(self.load_s / 50)
         return spec
 
-    def load(self, resolved):
+    def plan_for(self, resolved, draft_resolved, settings):
+        return None  # no GPU: nothing to place
+
+    def load(self, resolved, plan=None, draft=False):
         return FakeModel(FakeFolder(), self.max_context)
 
-    def session(self, target, settings, draft):
+    def session(self, target, settings, draft, plan=None):
         s = FakeSession(target, settings, self.step_s, self.prefill_step_s, self.tokens)
         self.sessions.append(s)
         return s
