@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from engine.autotune import best_gamma, expected_tokens, retune
-from engine.events import ChatMessage, DocumentText, Finished, TokenText
+from engine.events import ChatMessage, DocumentText
 from engine.model import load_folder
 from engine.session import ChatSession
 from engine.settings import DecodeSettings
+from streams import answer_tokens
 
 
 def test_expected_tokens_matches_the_geometric_series():
@@ -35,16 +36,7 @@ def test_auto_mode_output_identical_to_ar(tiny_model_dir, sample_text):
     auto = ChatSession(model, DecodeSettings(mode="triforce", budget=64, chunk=16, max_new_tokens=48, auto=True),
                        draft=model, capacity=2048)
 
-    def run(session):
-        tokens, final = [], None
-        for event in session.stream(messages, doc):
-            if isinstance(event, TokenText):
-                tokens += event.token_ids
-            elif isinstance(event, Finished):
-                final = event
-        return tokens, final
-
-    reference, _ = run(ar)
-    got, final = run(auto)
+    reference, _ = answer_tokens(ar, messages, doc)
+    got, final = answer_tokens(auto, messages, doc)
     assert got == reference
     assert "auto" in final.metrics.settings_summary

@@ -11,7 +11,8 @@ from engine.cache_offload import OffloadedCache
 from engine.drafters import ModelDrafter, NgramDrafter
 from engine.settings import DecodeSettings
 from engine.speculative import HierarchicalDecoder
-from random_models import random_runner
+from engine.runner_tp import TensorParallelRunner
+from random_models import random_runner, random_weights
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
@@ -52,12 +53,7 @@ def test_offloaded_cache_equals_resident_on_cuda(prefetch):
 
 
 def _generate(target, drafter, mode: str, prompt: list[int], n: int, offload: bool) -> list[int]:
-    a = target.arch
-    if offload:
-        full = OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, target.dtype, target.device,
-                              list(range(1, a.n_layers)))
-    else:
-        full = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, target.dtype, target.device)
+    full = target.new_full_cache(CAP, list(range(1, target.arch.n_layers)) if offload else ())
     settings = DecodeSettings(mode=mode, budget=256, chunk=16, gamma1=3, gamma2=6, max_new_tokens=n)
     full.capture_query = True
     logits = target.forward(torch.tensor(prompt, device=target.device),
@@ -80,3 +76,41 @@ def test_every_mode_matches_ar_on_cuda_float32(offload):
                           ("retrieval-only", NgramDrafter()), ("draft-only", ModelDrafter(draft, 4, 124, 8))):
         got = _generate(target, drafter, mode, prompt, 96, offload)
         assert got == reference, f"{mode} with {type(drafter).__name__} differs from AR"
+
+
+def _cards() -> list[str]:
+    """Two cards when there are two; otherwise both shares on the one card (same code path)."""
+    return ["cuda:0", "cuda:1"] if torch.cuda.device_count() > 1 else ["cuda:0", "cuda:0"]
+
+
+def test_tensor_parallel_offloaded_shares_equal_resident_on_cuda():
+    config, state = random_weights(0, vocab=512, hidden=256, layers=6, heads=8, kv_heads=4)
+    tp = TensorParallelRunner(config, state, _cards(), torch.bfloat16)
+    one = random_runner(0, vocab=512, hidden=256, layers=6, heads=8, kv_heads=4, device="cuda", dtype=torch.bfloat16)
+    resident, off, single = tp.new_full_cache(CAP), tp.new_full_cache(CAP, [1, 2, 3, 4, 5]), one.new_full_cache(CAP)
+    ids = torch.tensor(_prompt(3000, 512), device="cuda")
+    outs = [r.forward(ids[:2900], torch.arange(2900, device="cuda"), c, last_only=True)
+            for r, c in ((tp, resident), (tp, off), (one, single))]
+    assert torch.equal(outs[0], outs[1])
+    assert (outs[0] - outs[2]).abs().max() < 0.1 * outs[2].abs().max()  # bf16 rounding of split matmuls only
+    for step in range(5):
+        start = resident.length
+        outs = [tp.forward(ids[start:start + 7], torch.arange(start, start + 7, device="cuda"), c)
+                for c in (resident, off)]
+        assert torch.equal(outs[0], outs[1]), f"step {step}"
+        resident.rollback(start + 3)
+        off.rollback(start + 3)
+    torch.cuda.synchronize()
+    for layer in range(6):
+        for x, y in zip(resident.layer_kv(layer, 0, resident.length), off.layer_kv(layer, 0, off.length)):
+            assert torch.equal(x.cpu(), y.cpu())
+
+
+def test_tensor_parallel_every_mode_matches_ar_on_cuda_float32():
+    config, state = random_weights(0, vocab=256, hidden=128, layers=4, heads=4, kv_heads=2)
+    target = TensorParallelRunner(config, state, _cards(), torch.float32)
+    prompt = _prompt(1500, 256)
+    reference = _generate(target, NgramDrafter(), "ar", prompt, 96, offload=False)
+    for mode, offload in (("triforce", False), ("triforce", True), ("retrieval-only", True)):
+        got = _generate(target, NgramDrafter(), mode, prompt, 96, offload)
+        assert got == reference, f"{mode} (offload={offload}) differs from AR on tensor parallel"

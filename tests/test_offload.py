@@ -12,14 +12,14 @@ import torch
 from engine.cache_full import FullCache
 from engine.cache_offload import OffloadedCache, cache_factory_for_plan, offloaded_layers
 from engine.cache_retrieval import RetrievalCache
-from engine.errors import InvalidSettingError
-from engine.events import ChatMessage, DocumentText, Finished, TokenText
+from engine.events import ChatMessage, DocumentText
 from engine.model import load_folder
 from engine.model_shape import ModelShape
 from engine.planner import DeviceSpec, GpuSpec, plan_placement
 from engine.runner import LlamaRunner
 from engine.session import ChatSession
 from engine.settings import DecodeSettings
+from streams import answer_tokens
 
 LAYERS = 4
 CAP = 256
@@ -132,13 +132,7 @@ def test_session_with_offloaded_plan_gives_the_same_tokens(tiny4, sample_text):
 
     def run(**kwargs):
         session = ChatSession(tiny4, settings, draft="ngram", capacity=2048, **kwargs)
-        tokens, final = [], None
-        for event in session.stream(messages, doc):
-            if isinstance(event, TokenText):
-                tokens += event.token_ids
-            elif isinstance(event, Finished):
-                final = event
-        return session, tokens, final
+        return (session, *answer_tokens(session, messages, doc))
 
     _, reference, _ = run()
     session, got, final = run(plan=plan)
@@ -149,16 +143,13 @@ def test_session_with_offloaded_plan_gives_the_same_tokens(tiny4, sample_text):
     assert session.decoder.rebuilds >= 1  # the retrieval cache was built from the offloaded layers
 
 
-def test_cpu_plan_offloads_nothing_and_tensor_parallel_is_refused(tiny4):
+def test_cpu_plan_offloads_nothing(tiny4):
     shape = ModelShape.from_config(tiny4.runner.config, name="tiny")
     settings = DecodeSettings()
     cpu = plan_placement(shape, None, 2048, settings, "cpu")
     assert offloaded_layers(cpu) == []
     cache = cache_factory_for_plan(cpu)(tiny4.runner, 512)
-    assert cache.offloaded == [] and cache.stats().detail == "all layers resident"
-    tp = dataclasses.replace(cpu, mode="tensor-parallel")
-    with pytest.raises(InvalidSettingError, match="not built"):
-        offloaded_layers(tp)
+    assert isinstance(cache, FullCache) and cache.stats().device == "cpu"
 
 
 def test_two_device_layer_split_gives_identical_logits(tiny_model_dir, tiny4):
@@ -232,10 +223,13 @@ def test_gpu_check_code_paths_on_cpu_tiny(tmp_path):
         assert row["offload_logits_identical"] is True
         assert row["offload_serial_bytes"] > 0 and row["l2_verify_offload_ms"] > 0 and row["l1_ms"] > 0
         assert row["triforce_offloaded"]["ms_per_token"] > 0
-    assert set(result["paper_setting"]) == {"4090", "4090x2", "4090x2 tensor-parallel (not built)"}
-    assert result["paper_setting"]["4090x2"]["mode"] == "layer-split"
+        assert row["chunk_tokens"] == 32 and row["chunk_offload_serial_ms"] > 0 and row["chunk_onchip_ms"] > 0
+    assert set(result["paper_setting"]) == {"4090", "4090x2", "4090x2 layer-split"}
+    assert result["paper_setting"]["4090x2"]["mode"] == "tensor-parallel"
+    assert result["paper_setting"]["4090x2 layer-split"]["mode"] == "layer-split"
     table = format_table(result)
     assert "L2 verify, all KV offloaded, prefetch" in table and "overlap hidden" in table and "paper 108" in table
+    assert "prefill chunk, all KV offloaded, prefetch" in table
     out = tmp_path / "gpu.json"
     write_json(result, str(out))
     assert json.loads(out.read_text())["contexts"][1]["context"] == 256

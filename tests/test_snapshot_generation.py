@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.events import ChatMessage, DocumentText, Finished, TokenText
+from engine.events import ChatMessage, DocumentText
 from engine.model import load_folder
 from engine.session import ChatSession
 from engine.settings import DecodeSettings
 from engine.snapshots import SnapshotStore
+from streams import answer_tokens
 
 
 @pytest.mark.bundled
@@ -19,13 +20,7 @@ def test_restored_snapshot_generates_exactly_like_fresh_prefill(bundled_model_di
     store = SnapshotStore(tmp_path / "snapshots")
 
     def answer(session):
-        tokens, final = [], None
-        for event in session.stream(question, doc):
-            if isinstance(event, TokenText):
-                tokens += event.token_ids
-            elif isinstance(event, Finished):
-                final = event
-        return tokens, final
+        return answer_tokens(session, question, doc)
 
     fresh = ChatSession(model, settings, capacity=2048, snapshots=store)
     fresh_tokens, _ = answer(fresh)
