@@ -61,6 +61,8 @@ def verify(draft: list[int], draft_probs: torch.Tensor | None, target_logits: to
             n += 1
         return Verdict(n, int(best[n]), None)
     p = target if target is not None else target_probs(target_logits, sampling)  # [k+1, V]
+    if draft_probs is not None and draft_probs.device != p.device:  # a draft model on another card
+        draft_probs = draft_probs.to(p.device)
     for i, token in enumerate(draft):
         p_x = float(p[i, token])
         q_x = float(draft_probs[i, token]) if draft_probs is not None else 1.0
