@@ -25,6 +25,22 @@ def _prompt(n: int, vocab: int) -> list[int]:
     return (base * 4)[:n]  # repetitive, so n-gram drafts get accepted sometimes
 
 
+def _verify_rounds_agree(runner, ids: torch.Tensor, resident, off) -> None:
+    """Verify 7 tokens, keep 3, five times (write-back and roll-back): identical logits, then
+    identical K/V in every layer."""
+    for step in range(5):
+        start = resident.length
+        outs = [runner.forward(ids[start:start + 7], torch.arange(start, start + 7, device="cuda"), c)
+                for c in (resident, off)]
+        assert torch.equal(outs[0], outs[1]), f"step {step}"
+        resident.rollback(start + 3)
+        off.rollback(start + 3)
+    torch.cuda.synchronize()
+    for layer in range(runner.arch.n_layers):
+        for x, y in zip(resident.layer_kv(layer, 0, resident.length), off.layer_kv(layer, 0, off.length)):
+            assert torch.equal(x.cpu(), y.cpu()), f"layer {layer}"
+
+
 @pytest.mark.parametrize("prefetch", [True, False])
 def test_offloaded_cache_equals_resident_on_cuda(prefetch):
     runner = random_runner(0, vocab=512, hidden=256, layers=6, heads=8, kv_heads=2, device="cuda",
@@ -38,18 +54,7 @@ def test_offloaded_cache_equals_resident_on_cuda(prefetch):
         cache.capture_query = True
     outs = [runner.forward(ids[:2900], torch.arange(2900, device="cuda"), c, last_only=True) for c in (full, off)]
     assert torch.equal(outs[0], outs[1])
-    for step in range(5):  # verify 7 tokens, keep 3, repeat: exercises write-back and rollback
-        start = full.length
-        outs = [runner.forward(ids[start:start + 7], torch.arange(start, start + 7, device="cuda"), c)
-                for c in (full, off)]
-        assert torch.equal(outs[0], outs[1]), f"step {step}"
-        full.rollback(start + 3)
-        off.rollback(start + 3)
-    torch.cuda.synchronize()
-    for layer in range(a.n_layers):
-        k_full, v_full = full.layer_kv(layer, 0, full.length)
-        k_off, v_off = off.layer_kv(layer, 0, off.length)
-        assert torch.equal(k_full.cpu(), k_off.cpu()) and torch.equal(v_full.cpu(), v_off.cpu())
+    _verify_rounds_agree(runner, ids, full, off)
 
 
 def _generate(target, drafter, mode: str, prompt: list[int], n: int, offload: bool) -> list[int]:
@@ -93,17 +98,7 @@ def test_tensor_parallel_offloaded_shares_equal_resident_on_cuda():
             for r, c in ((tp, resident), (tp, off), (one, single))]
     assert torch.equal(outs[0], outs[1])
     assert (outs[0] - outs[2]).abs().max() < 0.1 * outs[2].abs().max()  # bf16 rounding of split matmuls only
-    for step in range(5):
-        start = resident.length
-        outs = [tp.forward(ids[start:start + 7], torch.arange(start, start + 7, device="cuda"), c)
-                for c in (resident, off)]
-        assert torch.equal(outs[0], outs[1]), f"step {step}"
-        resident.rollback(start + 3)
-        off.rollback(start + 3)
-    torch.cuda.synchronize()
-    for layer in range(6):
-        for x, y in zip(resident.layer_kv(layer, 0, resident.length), off.layer_kv(layer, 0, off.length)):
-            assert torch.equal(x.cpu(), y.cpu())
+    _verify_rounds_agree(tp, ids, resident, off)
 
 
 def test_tensor_parallel_every_mode_matches_ar_on_cuda_float32():
