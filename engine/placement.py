@@ -66,7 +66,13 @@ def plan_for_folders(target_folder: Path, draft_folder: Path | None, context_tok
         return None
     if devices == "cpu":
         return None
+    import gc
     import json
+
+    if devices == "auto":
+        torch.cuda.init()  # torch's own device numbering, so the plan's cuda:i is torch's cuda:i
+        gc.collect()  # a model just dropped (the app switching models) gives its memory back
+        torch.cuda.empty_cache()  # ... and torch's caching allocator returns it, so NVML counts it free
 
     from engine.model_shape import ModelShape
     from engine.planner import plan_placement

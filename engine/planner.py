@@ -87,8 +87,13 @@ def device_spec(name: str, ram_bytes: int | None = None) -> DeviceSpec:
     gpus: tuple[GpuSpec, ...] = ()
     note = "this machine's CPU and RAM"
     if name == "auto":
+        cards = list(sample.gpus)
+        if any(g.torch_index is not None for g in cards):
+            # this process uses CUDA: plan only the cards torch sees (CUDA_VISIBLE_DEVICES), in its
+            # order, so the plan's "cuda:i" is torch's cuda:i (NVML lists every card, in bus order)
+            cards = sorted((g for g in cards if g.torch_index is not None), key=lambda g: g.torch_index)
         gpus = tuple(GpuSpec(g.name, g.total_bytes, g.free_bytes, g.bandwidth_gbs or 500.0, g.pcie_gbs or 12.0)
-                     for g in sample.gpus)
+                     for g in cards)
         note = f"detected: {len(gpus)} GPU(s)" if gpus else f"detected: {sample.gpu_note}; planning for the CPU"
     return DeviceSpec("auto" if gpus else "cpu", total, available, gpus=gpus, note=note)
 

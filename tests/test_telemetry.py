@@ -92,6 +92,20 @@ def test_auto_profile_uses_detected_gpus(fake_nvml) -> None:
     assert len(spec.gpus) == 1 and spec.gpus[0].free_bytes == (24564 << 20) - (2 << 30)
 
 
+def test_auto_profile_plans_only_the_cards_torch_sees_in_its_order(fake_nvml, monkeypatch) -> None:
+    """NVML lists every card in bus order; torch numbers only the visible ones (CUDA_VISIBLE_DEVICES,
+    CUDA_DEVICE_ORDER). The plan's cuda:i must be torch's cuda:i."""
+    from engine.planner import device_spec
+
+    cards = [{"name": "card A", "bus": "00000000:01:00.0", "total": 24564 << 20, "used": 0},
+             {"name": "card B", "bus": "00000000:02:00.0", "total": 24564 << 20, "used": 0},
+             {"name": "card C", "bus": "00000000:03:00.0", "total": 24564 << 20, "used": 0}]
+    fake_nvml(_nvml_module(cards))
+    monkeypatch.setattr(telemetry, "_torch_devices_by_bus", lambda: {(0, 3, 0): 0, (0, 1, 0): 1})
+    spec = device_spec("auto")
+    assert [g.name for g in spec.gpus] == ["card C", "card A"]
+
+
 def test_bus_id_parsing() -> None:
     assert telemetry._bus_key("00000000:65:00.0") == (0, 0x65, 0)
     assert telemetry._bus_key("0001:0A:1F.3") == (1, 0x0A, 0x1F)
