@@ -284,6 +284,41 @@ def measure_long_compute(target, timer: "Timer", full, off, held: int, pinned_gb
             "chunk_overlap_hidden": hidden}
 
 
+def measure_tensor_parallel(timer: Timer, devices: list[torch.device], dtype: torch.dtype, tiny: bool,
+                            context: int, log: Callable[[str], None]) -> dict:
+    """Two cards: the host-staged hop (a [1, hidden] activation to the other card and back; the
+    planner assumes 30 us per all-reduce) and L2 with the target split across the cards (tensor
+    parallel, KV on-chip) next to the same forward on one card."""
+    from engine.runner_tp import TensorParallelRunner
+
+    config = preset_config(TARGET, tiny)
+    x = torch.randn(1, config.hidden_size, dtype=dtype, device=devices[0])
+    out: dict = {"cards": [str(d) for d in devices], "context": context}
+    out["hop_us"] = timer.ms(lambda: x.to(devices[1]).to(devices[0]), reps=max(20, timer.reps)) * 1e3 / 2
+    log(f"  tensor parallel over {', '.join(out['cards'])} at {context} tokens")
+    tp = TensorParallelRunner(config, RandomState(config, devices[0], dtype), devices, dtype, context)
+    cache = tp.new_full_cache(context)
+    gen = torch.Generator(device=devices[0]).manual_seed(context)
+    held = context - 16
+    for part in cache.parts:
+        for layer in range(config.num_hidden_layers):
+            for t in (part.keys[layer], part.values[layer]):
+                t[:, :held].copy_(torch.empty_like(t[:, :held], device=devices[0]).normal_(generator=gen))
+    cache.length = held
+    ids = torch.randint(0, config.vocab_size, (GAMMA2 + 1,), device=devices[0], generator=gen)
+
+    def l2(n: int):
+        def run():
+            tp.forward(ids[:n], torch.arange(held, held + n, device=devices[0]), cache)
+            cache.rollback(held)
+        return run
+    out["tp_l2_decode_ms"] = timer.ms(l2(1))
+    out["tp_l2_verify_ms"] = timer.ms(l2(GAMMA2 + 1))
+    del tp, cache
+    gc.collect()
+    return out
+
+
 def measure_draft(timer: Timer, device: torch.device, dtype: torch.dtype, tiny: bool) -> dict:
     from engine.cache_streaming import StreamingCache
 
@@ -388,6 +423,10 @@ def run_check(device: str = "cuda", quick: bool = False, contexts: tuple[int, ..
         result["contexts"].append(row)
     del target
     gc.collect()
+    cards = ([torch.device("cuda", i) for i in range(2)] if dev.type == "cuda" and torch.cuda.device_count() > 1
+             else [dev, dev] if tiny else None)
+    result["tensor_parallel"] = (measure_tensor_parallel(timer, cards, dtype, tiny, contexts[0], log) if cards
+                                 else {"skipped": "needs two GPUs"})
     # efficiencies measured here, applied to the planner's 4090 numbers
     top = result["contexts"][-1]
     peak = _peak_bandwidth_gbs(dev)
@@ -450,6 +489,14 @@ def format_table(r: dict) -> str:
     line("plain AR ms/token, KV on-chip", "ar_onchip_ms_per_token")
     rows.append(f"(TriForce composed from the step times: gamma1 {r['gamma1']}, gamma2 {r['gamma2']}, assumed"
                 f" acceptance L0->L1 {a['l0_by_l1']}, L1->L2 {a['l1_by_l2']})")
+    tp = r.get("tensor_parallel", {})
+    if "skipped" in tp:
+        rows.append(f"tensor parallel: not measured ({tp['skipped']})")
+    elif tp:
+        one = next(c for c in r["contexts"] if c["context"] == tp["context"])
+        rows.append(f"tensor parallel over {'+'.join(tp['cards'])} at {tp['context']}: L2 decode {tp['tp_l2_decode_ms']:.2f} ms"
+                    f" (one card {one['l2_decode_ms']:.2f}), verify {tp['tp_l2_verify_ms']:.2f} ms"
+                    f" (one card {one['l2_verify_ms']:.2f}); card-to-card hop {tp['hop_us']:.0f} us")
     e = r["efficiency"]
     peak = f"{e['hbm_peak_gbs']:.0f} GB/s peak" if e["hbm_peak_gbs"] else "peak unknown"
     rows.append("")

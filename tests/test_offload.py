@@ -230,6 +230,9 @@ def test_gpu_check_code_paths_on_cpu_tiny(tmp_path):
     table = format_table(result)
     assert "L2 verify, all KV offloaded, prefetch" in table and "overlap hidden" in table and "paper 108" in table
     assert "prefill chunk, all KV offloaded, prefetch" in table
+    tp = result["tensor_parallel"]  # the CPU standing in for both cards
+    assert tp["cards"] == ["cpu", "cpu"] and tp["tp_l2_decode_ms"] > 0 and tp["hop_us"] > 0
+    assert "tensor parallel over cpu+cpu at 128" in table
     out = tmp_path / "gpu.json"
     write_json(result, str(out))
     assert json.loads(out.read_text())["contexts"][1]["context"] == 256
