@@ -108,6 +108,7 @@ class MessageWidget(QFrame):
     """A bubble: a small header (who), the body, and a footer (speed, how it ended)."""
 
     regenerate = Signal()
+    edit = Signal()
     copyRequested = Signal(str)
     dismissed = Signal()
 
@@ -139,7 +140,11 @@ class MessageWidget(QFrame):
         self.regen_button.setToolTip("Answer this question again")
         self.regen_button.clicked.connect(self.regenerate.emit)
         self.regen_button.hide()
-        for b in (self.copy_button, self.regen_button):
+        self.edit_button = QToolButton(text="Edit")
+        self.edit_button.setToolTip("Change this question and ask again (the messages after it are replaced)")
+        self.edit_button.clicked.connect(self.edit.emit)
+        self.edit_button.hide()
+        for b in (self.copy_button, self.edit_button, self.regen_button):
             b.setCursor(Qt.CursorShape.PointingHandCursor)
             top.addWidget(b)
         self.dismiss_button = QToolButton(text="✕")
@@ -229,6 +234,7 @@ class ChatView(QScrollArea):
     """A scrolling column of message bubbles; follows the bottom while an answer streams."""
 
     regenerateRequested = Signal()
+    editRequested = Signal(int)  # the question's position among the chat's user/assistant messages
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -351,6 +357,7 @@ class ChatView(QScrollArea):
         w = MessageWidget(message, self._colors, header)
         w.set_color_levels(self._color_levels)
         w.regenerate.connect(self.regenerateRequested.emit)
+        w.edit.connect(lambda: self._edit_clicked(w))
         w.dismissed.connect(lambda: self._remove(w) if w in self._widgets else None)
         w.copyRequested.connect(lambda text: QGuiApplication.clipboard().setText(text))
         self._empty.hide()
@@ -376,11 +383,32 @@ class ChatView(QScrollArea):
             self._empty.show()
         self._update_actions()
 
+    def _chat_widgets(self) -> list[MessageWidget]:
+        return [w for w in self._widgets if w.message.role in ("user", "assistant")]
+
+    def _edit_clicked(self, w: MessageWidget) -> None:
+        chat = self._chat_widgets()
+        if w in chat:
+            self.editRequested.emit(chat.index(w))
+
+    def truncate(self, position: int) -> None:
+        """Remove the user/assistant message at `position` and every bubble after it."""
+        chat = self._chat_widgets()
+        if not 0 <= position < len(chat):
+            return
+        first = self._widgets.index(chat[position])
+        for w in list(self._widgets[first:]):
+            if w is self._streaming:
+                self._streaming = None
+            self._remove(w)
+
     def _update_actions(self) -> None:
-        chat = [w for w in self._widgets if w.message.role in ("user", "assistant")]
+        chat = self._chat_widgets()
         last = chat[-1] if chat else None
+        idle = self._streaming is None
         for w in self._widgets:
-            w.regen_button.setVisible(w is last and w.message.role == "assistant" and self._streaming is None)
+            w.regen_button.setVisible(w is last and w.message.role == "assistant" and idle)
+            w.edit_button.setVisible(w.message.role == "user" and idle)
 
     def _content_width(self, role: str) -> int:
         width = self.viewport().width() - 48

@@ -15,7 +15,7 @@ from typing import Any
 
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent
-from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QMessageBox
+from PySide6.QtWidgets import QApplication, QFileDialog, QInputDialog, QMainWindow, QMessageBox
 
 from app import theme
 from app.answer_recorder import AnswerRecorder
@@ -114,6 +114,7 @@ class MainWindow(QMainWindow):
         self.prefill_strip.cancelRequested.connect(self.stop)
         self.chips.removeRequested.connect(self._on_remove_document)
         self.chat_view.regenerateRequested.connect(self.regenerate)
+        self.chat_view.editRequested.connect(self.edit_question)
         self.settings_panel.settingsChanged.connect(self._on_settings_changed)
         self.settings_panel.colorLevelsChanged.connect(self.chat_view.set_color_levels)
         self.settings_panel.systemPromptChanged.connect(self._on_system_prompt)
@@ -197,6 +198,29 @@ class MainWindow(QMainWindow):
         self.messages.pop()
         self.chat_view.remove_last("assistant")
         self._start_stream(self.chat_id)
+
+    def edit_question(self, position: int, text: str | None = None) -> None:
+        """Ask the question at `position` (among the chat's messages) differently: the messages
+        from it on are replaced, in the store too, and the new question is answered. The engine
+        keeps the cached prefix up to that point (documents included). `text` None asks for it
+        in a dialog; Cancel changes nothing."""
+        if self._stream_job or self.chat_id is None or not 0 <= position < len(self.messages):
+            return
+        if self.messages[position].role != "user":
+            return
+        if text is None:
+            text, ok = QInputDialog.getMultiLineText(self, "Edit question", "Ask instead:",
+                                                     self.messages[position].content)
+            if not ok:
+                return
+        if not text.strip():
+            return
+        stored = [m for m in self.repo.messages(self.chat_id) if m.role in ("user", "assistant")]
+        if position < len(stored):
+            self.repo.delete_messages_from(self.chat_id, stored[position].idx)
+        del self.messages[position:]
+        self.chat_view.truncate(position)
+        self.send(text)
 
     def stop(self) -> None:
         """Esc / Stop / Cancel: stop the running answer or prefill (the engine honours it within a step)."""

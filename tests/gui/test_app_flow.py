@@ -198,3 +198,36 @@ def test_closing_mid_answer_keeps_the_partial_answer(qtbot, make_window, tiny_mo
     stored = again.repo.messages(chat_id)
     assert [m.role for m in stored] == ["user", "assistant"]
     assert stored[1].text and stored[1].stats.get("partial") is True
+
+
+def test_edit_a_past_question_replaces_what_followed_it(qtbot, make_window, tiny_model, monkeypatch, shots):
+    window = make_window(tiny_model)
+    window.settings_panel.max_new.setValue(6)
+    window.settings_panel.flush()
+    for question in ("Who is Horatio?", "And Marcellus?"):
+        with qtbot.waitSignal(window.answerFinished, timeout=60_000):
+            _ask(qtbot, window, question)
+    assert [m.role for m in window.repo.messages(window.chat_id)] == ["user", "assistant"] * 2
+    user_bubbles = [w for w in window.chat_view.messages if w.role == "user"]
+    assert len(user_bubbles) == 2
+    edit_buttons = [w.edit_button for w in window.chat_view._widgets if w.message.role == "user"]
+    assert all(not b.isHidden() for b in edit_buttons)
+    shots(window, "edit-question")
+
+    # Cancel in the dialog changes nothing
+    from PySide6.QtWidgets import QInputDialog
+    monkeypatch.setattr(QInputDialog, "getMultiLineText", lambda *a, **k: ("ignored", False))
+    window.chat_view.editRequested.emit(0)
+    assert len(window.repo.messages(window.chat_id)) == 4 and len(window.messages) == 4
+
+    # OK: the first question is replaced, everything after it goes (view, store, engine prompt)
+    monkeypatch.setattr(QInputDialog, "getMultiLineText", lambda *a, **k: ("Who is Bernardo?", True))
+    with qtbot.waitSignal(window.answerFinished, timeout=60_000) as done:
+        edit_buttons[0].click()
+    assert done.args[0].reason in (FinishReason.EOS, FinishReason.LENGTH, FinishReason.STOP)
+    stored = window.repo.messages(window.chat_id)
+    assert [(m.role, m.text) for m in stored][0] == ("user", "Who is Bernardo?")
+    assert [m.role for m in stored] == ["user", "assistant"]
+    assert [m.role for m in window.messages] == ["user", "assistant"]
+    assert [(m.role, m.text) for m in window.chat_view.messages if m.role == "user"] == [("user", "Who is Bernardo?")]
+    assert "Marcellus" not in window.chat_view.all_text()
