@@ -24,7 +24,7 @@ from app.chat_list import ChatEntry
 from app.chat_repo import ChatRepo, segments_from_spans, to_chat_messages
 from app.icons import app_icon
 from app.panels.common import fmt_seconds
-from app.settings_panel import settings_from_dict, settings_to_dict
+from app.settings_panel import DEFAULT_DOCUMENT_MIB, DEFAULT_SNAPSHOT_GIB, settings_from_dict, settings_to_dict
 from app.window_layout import build_window_layout
 from app.worker import (Conversation, DocumentReady, EngineBackend, EngineController, JobFailed, LoadProgress,
                         ModelInfo, TokenBatch)
@@ -118,6 +118,10 @@ class MainWindow(QMainWindow):
         self.settings_panel.settingsChanged.connect(self._on_settings_changed)
         self.settings_panel.colorLevelsChanged.connect(self.chat_view.set_color_levels)
         self.settings_panel.systemPromptChanged.connect(self._on_system_prompt)
+        self.settings_panel.limitsChanged.connect(self._on_limits)
+        self.settings_panel.set_limits(self.prefs.value("limits/max_document_mib", DEFAULT_DOCUMENT_MIB, type=int),
+                                       self.prefs.value("limits/snapshot_cache_gib", DEFAULT_SNAPSHOT_GIB, type=int))
+        self._on_limits(*self.settings_panel.limits(), save=False)
         self.model_button.clicked.connect(self.choose_model)
         self.load_cancel.clicked.connect(self.engine.cancel_load)
         app = QApplication.instance()
@@ -586,6 +590,14 @@ class MainWindow(QMainWindow):
         self.prefs.setValue("decode/settings", _json(settings_to_dict(settings)))
         if persist_chat and self.chat_id is not None:
             self.repo.set_settings(self.chat_id, self._chat_settings_dict())
+
+    def _on_limits(self, document_mib: int, snapshot_gib: int, save: bool = True) -> None:
+        """Storage limits from the Settings panel: the engine uses them at once; kept in QSettings."""
+        self.engine.set_limits(document_mib * 2**20, snapshot_gib * 2**30)
+        if save:
+            self.prefs.setValue("limits/max_document_mib", int(document_mib))
+            self.prefs.setValue("limits/snapshot_cache_gib", int(snapshot_gib))
+            self.prefs.sync()
 
     def _on_system_prompt(self, _text: str) -> None:
         if self.chat_id is not None:

@@ -23,6 +23,8 @@ CHUNKS = (4, 8, 16, 32, 64, 128, 256)
 MODE_LABELS = {"triforce": "TriForce (L0 → L1 → L2)", "ar": "Plain autoregressive", "retrieval-only":
                "Retrieval draft only (L1 → L2)", "draft-only": "Small draft only (L0 → L2)"}
 DEFAULT_CONTEXT = 8192
+DEFAULT_DOCUMENT_MIB = 50  # engine.documents.MAX_BYTES
+DEFAULT_SNAPSHOT_GIB = 20  # engine.snapshots.SnapshotStore's default
 
 
 def settings_to_dict(s: DecodeSettings) -> dict[str, Any]:
@@ -119,6 +121,7 @@ class SettingsPanel(QScrollArea):
     settingsChanged = Signal(object)
     colorLevelsChanged = Signal(bool)
     systemPromptChanged = Signal(str)
+    limitsChanged = Signal(int, int)  # largest document (MiB), prefilled-book cache (GiB)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -202,6 +205,20 @@ class SettingsPanel(QScrollArea):
         self.system.setMaximumHeight(80)
         sysc.body.addWidget(self.system)
         col.addWidget(sysc)
+
+        store = Card("Storage")
+        form3 = QFormLayout()
+        self.max_document = QSpinBox(minimum=1, maximum=4096, suffix=" MiB", value=DEFAULT_DOCUMENT_MIB)
+        self.max_document.setToolTip("Files larger than this are refused before reading (1 to 4096 MiB)")
+        self.snapshot_cache = QSpinBox(minimum=1, maximum=4096, suffix=" GiB", value=DEFAULT_SNAPSHOT_GIB)
+        self.snapshot_cache.setToolTip("Disk kept for prefilled books (KV snapshots), oldest dropped first "
+                                       "(1 to 4096 GiB)")
+        form3.addRow("Largest document", self.max_document)
+        form3.addRow("Prefilled-book cache", self.snapshot_cache)
+        store.body.addLayout(form3)
+        col.addWidget(store)
+        for box in (self.max_document, self.snapshot_cache):
+            box.editingFinished.connect(self._emit_limits)
 
         self.error = QLabel()
         self.error.setObjectName("errorText")
@@ -342,6 +359,19 @@ class SettingsPanel(QScrollArea):
             return
         self.show_error("")
         self.settingsChanged.emit(s)
+
+    def limits(self) -> tuple[int, int]:
+        """(largest document in MiB, prefilled-book cache in GiB)."""
+        return self.max_document.value(), self.snapshot_cache.value()
+
+    def set_limits(self, document_mib: int, snapshot_gib: int) -> None:
+        for box, value in ((self.max_document, document_mib), (self.snapshot_cache, snapshot_gib)):
+            blocked = box.blockSignals(True)
+            box.setValue(int(value))
+            box.blockSignals(blocked)
+
+    def _emit_limits(self) -> None:
+        self.limitsChanged.emit(*self.limits())
 
     def flush(self) -> None:
         """Emit a pending change now (tests, and before sending a message)."""

@@ -102,6 +102,9 @@ class JobFailed:
 class EngineBackend:
     """How the worker builds a session. Swappable in tests; the default uses the real engine."""
 
+    max_document_bytes = 50 * 2**20  # engine.documents.MAX_BYTES; the Settings panel changes both
+    snapshot_cap_bytes = 20 * 2**30
+
     def resolve(self, spec: str, progress: Callable[[str, float | None], None],
                 cancel: Callable[[], bool]) -> Any:
         """Find the model's folder: download or convert it if needed (slow, cancellable, no RAM)."""
@@ -136,11 +139,11 @@ class EngineBackend:
     def snapshots(self) -> Any:
         """Prefilled books on disk: reopening a chat with a long document skips most of its prefill."""
         from engine.snapshots import SnapshotStore
-        return SnapshotStore()
+        return SnapshotStore(max_bytes=self.snapshot_cap_bytes)
 
     def read_document(self, path: str) -> DocumentText:
         from engine.documents import read_document
-        return read_document(path)
+        return read_document(path, max_bytes=self.max_document_bytes)
 
 
 def _model_info(spec: str, target: Any, draft: Any) -> ModelInfo:
@@ -192,6 +195,15 @@ class EngineWorker(QObject):
 
     def cancel_load(self) -> None:
         self._load_cancel.set()
+
+    def set_limits(self, max_document_bytes: int, snapshot_cap_bytes: int) -> None:
+        self._backend.max_document_bytes = int(max_document_bytes)
+        self._backend.snapshot_cap_bytes = int(snapshot_cap_bytes)
+        with self._lock:
+            session = self._session
+        store = getattr(session, "snapshots", None)
+        if store is not None and hasattr(store, "max_bytes"):
+            store.max_bytes = int(snapshot_cap_bytes)
 
     def apply_settings(self, settings: DecodeSettings) -> None:
         """Hand new settings to the session; it validates them and uses them at the next step.
@@ -503,6 +515,10 @@ class EngineController(QObject):
 
     def cancel(self, job: int | None = None) -> None:
         self.worker.cancel(job)
+
+    def set_limits(self, max_document_bytes: int, snapshot_cap_bytes: int) -> None:
+        """Largest document the app reads, and the disk kept for prefilled books (evicts at once)."""
+        self.worker.set_limits(max_document_bytes, snapshot_cap_bytes)
 
     def cancel_load(self) -> None:
         self.worker.cancel_load()

@@ -346,3 +346,29 @@ def test_panels_with_numbers_from_a_real_gpu(qtbot, make_window, shots):
     assert window.acceptance_panel.stats["decode"].text() == "18.0"
     assert window.acceptance_panel.bars["l1_l2"].value.text() == "34%"
     shots(window, "gpu-panels")
+
+
+def test_storage_limits_reach_the_engine_and_persist(qtbot, make_window, tmp_path):
+    """The document-size refusal says to raise the limit in the settings: the control exists,
+    the engine reads with it at once, and it survives a restart."""
+    window = make_window(None)
+    panel = window.settings_panel
+    assert panel.limits() == (50, 20)
+    big = tmp_path / "big.txt"
+    big.write_text("word " * (400 * 1024), encoding="utf-8")  # 2 MiB
+    panel.max_document.setValue(1)
+    panel.max_document.editingFinished.emit()
+    backend = window.engine.worker._backend
+    assert backend.max_document_bytes == 2**20
+    from engine.documents import read_document
+    from engine.errors import DocumentError
+    with pytest.raises(DocumentError, match="raise the maximum document size in the settings"):
+        read_document(big, max_bytes=backend.max_document_bytes)
+    panel.snapshot_cache.setValue(3)
+    panel.snapshot_cache.editingFinished.emit()
+    assert backend.snapshot_cap_bytes == 3 * 2**30
+    assert window.prefs.value("limits/max_document_mib", type=int) == 1
+    assert window.prefs.value("limits/snapshot_cache_gib", type=int) == 3
+    again = make_window(None, settings=window.prefs)
+    assert again.settings_panel.limits() == (1, 3)
+    assert again.engine.worker._backend.max_document_bytes == 2**20
