@@ -171,3 +171,12 @@ def test_gui_not_built(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setitem(sys.modules, "app.main_window", None)  # import raises ModuleNotFoundError
     assert entry.run_gui() == 2
     assert "not built" in capsys.readouterr().err
+
+
+def test_chat_streams_and_reports_stats_with_placement(tiny_model_dir) -> None:
+    r = run_cli("chat", "--model", str(tiny_model_dir("llama")), "--ask", "hi", "--max-new-tokens", "6",
+                "--no-save", "--no-snapshot", "--stats")
+    assert r.returncode == 0, r.stderr
+    stats = json.loads(r.stderr.strip().splitlines()[-1])
+    assert stats["new_tokens"] == 6 and stats["mode"] == "triforce"
+    assert stats["placement"] == {"weights": "cpu", "kv_layers_offloaded": 0, "plan": None}  # no GPU here

@@ -150,7 +150,10 @@ def run(args: argparse.Namespace) -> int:
         store.add_message(chat_id, "user", args.ask)
         store.add_message(chat_id, "assistant", final.text, stats=_stats(final, chat_id))
     if args.stats:
-        print(json.dumps(_stats(final, chat_id)), file=sys.stderr)
+        where = {"weights": target.where,
+                 "kv_layers_offloaded": plan.kv_layers_offloaded if plan is not None else 0,
+                 "plan": plan.mode if plan is not None else None}
+        print(json.dumps({**_stats(final, chat_id), "placement": where}), file=sys.stderr)
     return 0
 
 
