@@ -231,3 +231,36 @@ def test_edit_a_past_question_replaces_what_followed_it(qtbot, make_window, tiny
     assert [m.role for m in window.messages] == ["user", "assistant"]
     assert [(m.role, m.text) for m in window.chat_view.messages if m.role == "user"] == [("user", "Who is Bernardo?")]
     assert "Marcellus" not in window.chat_view.all_text()
+
+
+def test_backend_loads_weights_and_kv_where_a_two_card_plan_says(tiny_model_dir):
+    """The app's backend path on a CUDA machine, with the CPU standing in for both cards: a
+    tensor-parallel plan loads a split runner and the session gets a sharded cache."""
+    import dataclasses
+
+    from app.worker import EngineBackend
+    from engine.cache_sharded import ShardedFullCache
+    from engine.events import ChatMessage
+    from engine.model import load_folder
+    from engine.model_shape import ModelShape
+    from engine.planner import DeviceSpec, GpuSpec, plan_placement
+    from engine.runner_tp import TensorParallelRunner
+    from engine.settings import DecodeSettings
+
+    folder = tiny_model_dir("llama", num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4,
+                            intermediate_size=96)
+    shape = ModelShape.from_config(load_folder(folder).config, name="tiny")
+    gpu = GpuSpec("test GPU", 1 << 34, 1 << 34, 1000.0, 25.0)
+    spec = DeviceSpec("test", 1 << 36, 1 << 36, gpus=(gpu, gpu), allreduce_us=0.0)
+    settings = DecodeSettings(budget=64, chunk=16, max_new_tokens=4)
+    plan = plan_placement(shape, None, 2048, settings, spec, headroom_bytes=0)
+    assert plan.mode == "tensor-parallel"
+    on_cpu = dataclasses.replace(plan, layer_devices=("cpu+cpu",) * 3, draft_device="cpu")
+    backend = EngineBackend()
+    target = backend.load(folder, on_cpu)
+    assert isinstance(target.runner, TensorParallelRunner) and target.where == "cpu+cpu (tensor parallel)"
+    session = backend.session(target, settings, "ngram", on_cpu)
+    assert isinstance(session.full, ShardedFullCache)
+    session.generate([ChatMessage("user", "Hi")])
+    assert session.full.length == len(session.held) > 0 and all(p.length == session.full.length
+                                                                 for p in session.full.parts)
