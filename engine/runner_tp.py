@@ -106,10 +106,10 @@ class TensorParallelRunner:
                     attn_norm=w["attn_norm"].to(shard.device, dtype),
                     wqkv=torch.cat([rows(w["q"], qa, qb), rows(w["k"], ka, kb), rows(w["v"], ka, kb)]).to(shard.device, dtype),
                     bqkv=bias,
-                    wo=w["o"][:, qa * d:qb * d].to(shard.device, dtype),  # [hidden, Hq_s * D]
+                    wo=w["o"][:, qa * d:qb * d].to(shard.device, dtype).contiguous(),  # [hidden, Hq_s * D]
                     mlp_norm=w["mlp_norm"].to(shard.device, dtype),
                     w_gate_up=torch.cat([w["gate"][fa:fb], w["up"][fa:fb]]).to(shard.device, dtype),  # [2 I_s, hidden]
-                    w_down=w["down"][:, fa:fb].to(shard.device, dtype),  # [hidden, I_s]
+                    w_down=w["down"][:, fa:fb].to(shard.device, dtype).contiguous(),  # [hidden, I_s]
                 ))
 
     @classmethod
