@@ -191,5 +191,13 @@ class PrefillStrip(QFrame):
         cached = f" · {reused:,} reused" if reused else ""
         self.numbers.setText(f"{done:,} / {total:,} tokens{cached}{eta}")
 
+    def update_reading(self, name: str, done: int, total: int) -> None:
+        """Pages of a long PDF read so far (before its tokens can be counted and prefilled)."""
+        self.label.setText(f"Reading {name}")
+        self.done, self.total = done, total
+        self.bar.setRange(0, 1000)
+        self.bar.setValue(round(1000 * done / total) if total else 1000)
+        self.numbers.setText(f"page {done:,} / {total:,}")
+
     def finish(self) -> None:
         self.hide()

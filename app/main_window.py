@@ -29,7 +29,7 @@ from app.window_layout import build_window_layout
 from app.worker import (Conversation, DocumentReady, EngineBackend, EngineController, JobFailed, LoadProgress,
                         ModelInfo, TokenBatch)
 from engine.errors import ContextOverflowError, UserError
-from engine.events import ChatMessage, Finished, FinishReason, Metrics, PrefillProgress
+from engine.events import ChatMessage, Finished, FinishReason, Metrics, PrefillProgress, ReadProgress
 from engine.settings import DecodeSettings
 
 log = logging.getLogger(__name__)
@@ -349,6 +349,8 @@ class MainWindow(QMainWindow):
             self.prefill_strip.update_progress(ev.done, ev.total, ev.reused, ev.eta_s)
             if ev.done >= ev.total and kind == "stream":
                 self.prefill_strip.finish()
+        elif isinstance(ev, ReadProgress):
+            self.prefill_strip.update_reading(ev.name, ev.done, ev.total)
         elif isinstance(ev, TokenBatch):
             if kind == "stream":
                 if self.prefill_strip.isVisible() and self._prefill_job_shown == job:

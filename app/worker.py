@@ -19,8 +19,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine.errors import UserError
-from engine.events import ChatMessage, DocumentText, Finished, FinishReason, Metrics, PrefillProgress, TokenText
+from engine.errors import ReadCancelled, UserError
+from engine.events import (ChatMessage, DocumentText, Finished, FinishReason, Metrics, PrefillProgress, ReadProgress,
+                           TokenText)
 from engine.settings import DecodeSettings
 
 log = logging.getLogger(__name__)
@@ -141,9 +142,11 @@ class EngineBackend:
         from engine.snapshots import SnapshotStore
         return SnapshotStore(max_bytes=self.snapshot_cap_bytes)
 
-    def read_document(self, path: str) -> DocumentText:
+    def read_document(self, path: str, progress: Callable[[int, int], None] | None = None,
+                      cancel: Callable[[], bool] | None = None) -> DocumentText:
+        """Read a file (a PDF reports its pages and stops between two when `cancel` says so)."""
         from engine.documents import read_document
-        return read_document(path, max_bytes=self.max_document_bytes)
+        return read_document(path, max_bytes=self.max_document_bytes, progress=progress, cancel=cancel)
 
 
 def _model_info(spec: str, target: Any, draft: Any) -> ModelInfo:
@@ -284,8 +287,11 @@ class EngineWorker(QObject):
                 if self._is_cancelled(job):
                     break
                 try:
-                    document = self._backend.read_document(path)
+                    document = self._backend.read_document(path, self._page_progress(job, path),
+                                                           lambda: self._is_cancelled(job))
                     ready.append(DocumentReady(job, path, document, int(session.count_tokens(document.text))))
+                except ReadCancelled:
+                    break
                 except BaseException as exc:  # noqa: BLE001 - one bad file does not stop the others
                     self._report(job, "ingest", exc, path=path)
             if self._is_cancelled(job):
@@ -368,6 +374,17 @@ class EngineWorker(QObject):
                 self._active_job = 0
             self._cancelled.discard(job)
         self.jobDone.emit(job)
+
+    def _page_progress(self, job: int, path: str) -> Callable[[int, int], None]:
+        """Pages read of a long PDF, at most every PROGRESS_INTERVAL_S (and the last page)."""
+        name, last = Path(path).name, [0.0]
+
+        def report(done: int, total: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_INTERVAL_S or done >= total:
+                last[0] = now
+                self.engineEvent.emit(job, ReadProgress(name, done, total))
+        return report
 
     def _is_cancelled(self, job: int) -> bool:
         with self._lock:

@@ -42,5 +42,9 @@ class DocumentError(UserError):
     """A document cannot be read (unknown format, empty, encrypted, corrupt, too large...)."""
 
 
+class ReadCancelled(Exception):
+    """Reading a document was cancelled by the user (not an error: nothing is reported)."""
+
+
 class StoreError(UserError):
     """The chat store cannot be opened or written (disk full, permissions, newer schema)."""

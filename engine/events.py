@@ -129,6 +129,15 @@ class ChatMessage:
 
 
 @dataclass(frozen=True)
+class ReadProgress:
+    """Pages of a document read so far (PDFs; other formats read in one go)."""
+
+    name: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
 class DocumentText:
     """A document ready to go into the prompt."""
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from engine.documents import read_document, text_sha256
-from engine.errors import DocumentError
+from engine.errors import DocumentError, ReadCancelled
 
 WESTERN = ("The café’s “special” was crème brûlée — naïve, but déjà vu for everyone. "
            "It’s 5 € a slice, and the Straße to the Brücke is long.\n\n"
@@ -113,6 +113,17 @@ def test_pdf_pages_and_metadata_title(tmp_path):
     assert doc.title == "A PDF Book"
     assert doc.text == "First page text.\n\nSecond page text."
     assert doc.meta["pages"] == 2 and doc.meta["format"] == "pdf"
+
+
+def test_pdf_reports_each_page_and_stops_when_cancelled(tmp_path):
+    path = make_pdf(tmp_path / "manual.pdf", [f"Page {i} of the manual." for i in range(1, 6)])
+    seen: list[tuple[int, int]] = []
+    doc = read_document(path, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(i, 5) for i in range(1, 6)] and doc.meta["pages"] == 5
+    seen.clear()
+    with pytest.raises(ReadCancelled):
+        read_document(path, progress=lambda done, total: seen.append((done, total)), cancel=lambda: len(seen) >= 2)
+    assert seen == [(1, 5), (2, 5)]  # stopped before the third page
 
 
 def test_pdf_title_from_first_line(tmp_path):

@@ -43,13 +43,15 @@ _UNSUPPORTED = {
 _SUPPORTED_TEXT = "text, Markdown, HTML, PDF, EPUB or DOCX"
 
 
-def read_document(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> DocumentText:
+def read_document(path: str | os.PathLike, max_bytes: int = MAX_BYTES, progress=None, cancel=None) -> DocumentText:
     """Read `path` into a DocumentText with clean text and a title.
 
     meta holds: format, bytes (file size), sha256 (of the UTF-8 text; the store's key), chars,
     and per format: encoding (text), pages/empty_pages (pdf), chapters (epub), tables (docx).
     Raises DocumentError for anything wrong with the file (missing, too large, empty, binary,
     encrypted, scanned, damaged, unsupported).
+    progress(done, total) hears each page of a PDF, the one slow format; cancel() is checked
+    before each page (True raises engine.errors.ReadCancelled).
     """
     path = Path(path)
     size = _checked_size(path, max_bytes)
@@ -61,7 +63,7 @@ def read_document(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> Docume
         with path.open("rb") as fh:
             if fmt is None:
                 fmt = _sniff_format(path, fh)
-            text, title, extra = _read(path, fh, fmt, max_bytes)
+            text, title, extra = _read(path, fh, fmt, max_bytes, progress, cancel)
     except FileNotFoundError:
         raise DocumentError(f'"{path.name}" disappeared while it was being read (moved or deleted?). '
                             "Check that the file is still there and open it again.") from None
@@ -135,10 +137,10 @@ def _sniff_format(path: Path, fh: BinaryIO) -> str:
     return "text"
 
 
-def _read(path: Path, fh: BinaryIO, fmt: str, max_bytes: int) -> tuple[str, str, dict]:
+def _read(path: Path, fh: BinaryIO, fmt: str, max_bytes: int, progress=None, cancel=None) -> tuple[str, str, dict]:
     if fmt == "pdf":
         from engine.documents.pdf import read_pdf
-        return read_pdf(path, fh)
+        return read_pdf(path, fh, progress, cancel)
     if fmt == "epub":
         from engine.documents.epub import read_epub
         return read_epub(path, fh, max_bytes)

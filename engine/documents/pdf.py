@@ -2,14 +2,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from engine.documents.textio import clean_text
-from engine.errors import DocumentError
+from engine.errors import DocumentError, ReadCancelled
+
+PageProgress = Callable[[int, int], None]  # (pages done, pages in the file)
 
 
-def read_pdf(path: Path, fh: BinaryIO) -> tuple[str, str, dict]:
-    """Return (text, title, meta) of a PDF; pages are separated by a blank line."""
+def read_pdf(path: Path, fh: BinaryIO, progress: PageProgress | None = None,
+             cancel: Callable[[], bool] | None = None) -> tuple[str, str, dict]:
+    """Return (text, title, meta) of a PDF; pages are separated by a blank line. A long PDF takes
+    a while (pypdf reads ~10-50 pages/s): `progress` hears each page, `cancel` is checked before
+    each one (True raises ReadCancelled)."""
     from pypdf import PasswordType, PdfReader
     from pypdf.errors import DependencyError
 
@@ -26,9 +31,16 @@ def read_pdf(path: Path, fh: BinaryIO) -> tuple[str, str, dict]:
                     f'"{path.name}" is an encrypted (password-protected) PDF. Decrypt it first, e.g. '
                     "open it in a PDF viewer and save or print an unprotected copy, or run "
                     "`qpdf --decrypt --password=... in.pdf out.pdf`, then open that copy.")
-        pages = [clean_text(page.extract_text() or "") for page in reader.pages]
+        pages = []
+        total = len(reader.pages)
+        for page in reader.pages:
+            if cancel is not None and cancel():
+                raise ReadCancelled(f"reading {path.name} was cancelled")
+            pages.append(clean_text(page.extract_text() or ""))
+            if progress is not None:
+                progress(len(pages), total)
         title = _metadata_title(reader)
-    except DocumentError:
+    except (DocumentError, ReadCancelled):
         raise
     except Exception as exc:  # pypdf raises many types on malformed input; none of them is our bug
         raise DocumentError(

@@ -150,7 +150,7 @@ class FakeBackend:
         self.sessions.append(s)
         return s
 
-    def read_document(self, path: str) -> DocumentText:
+    def read_document(self, path: str, progress=None, cancel=None) -> DocumentText:
         p = Path(path)
         if p.suffix.lower() not in (".txt", ".md"):
             raise DocumentError(f'"{p.name}" is not a text file: use .txt or .md')

@@ -264,3 +264,22 @@ def test_backend_loads_weights_and_kv_where_a_two_card_plan_says(tiny_model_dir)
     session.generate([ChatMessage("user", "Hi")])
     assert session.full.length == len(session.held) > 0 and all(p.length == session.full.length
                                                                  for p in session.full.parts)
+
+
+def test_a_pdf_shows_its_pages_being_read(qtbot, make_window, tiny_model, tmp_path):
+    from tests.test_documents import make_pdf
+
+    window = make_window(tiny_model)
+    pdf = make_pdf(tmp_path / "manual.pdf", [f"Section {i}: keep the valve closed." for i in range(1, 7)])
+    strip, shown = window.prefill_strip, []
+    update = strip.update_reading
+
+    def recording(name, done, total):
+        update(name, done, total)
+        shown.append((strip.label.text(), strip.numbers.text(), strip.bar.value()))
+
+    strip.update_reading = recording
+    drop_files(window, [pdf])
+    qtbot.waitUntil(lambda: len(window.chips.chips) == 1 and not window.is_busy(), timeout=60_000)
+    assert shown[0][:2] == ("Reading manual.pdf", "page 1 / 6")  # the first page, then at most every 0.1 s
+    assert shown[-1] == ("Reading manual.pdf", "page 6 / 6", 1000)  # and always the last

@@ -372,3 +372,24 @@ def test_storage_limits_reach_the_engine_and_persist(qtbot, make_window, tmp_pat
     again = make_window(None, settings=window.prefs)
     assert again.settings_panel.limits() == (1, 3)
     assert again.engine.worker._backend.max_document_bytes == 2**20
+
+
+def test_cancelling_while_a_pdf_is_read_is_not_an_error(qtbot, make_window, tmp_path):
+    """Cancel during a long PDF: the reader stops between pages (ReadCancelled); the app shows no
+    error, attaches nothing and is ready for the next file."""
+    from engine.errors import ReadCancelled
+    from tests.gui.helpers import drop_files
+
+    class CancelledWhileReading(FakeBackend):
+        def read_document(self, path, progress=None, cancel=None):
+            progress(3, 400)
+            raise ReadCancelled("reading was cancelled")
+
+    window = make_window("fake-model", backend=CancelledWhileReading())
+    errors = []
+    window.errorShown.connect(errors.append)
+    path = tmp_path / "contract.pdf"
+    path.write_bytes(b"%PDF-1.4")
+    drop_files(window, [path])
+    qtbot.waitUntil(lambda: not window.is_busy(), timeout=10_000)
+    assert errors == [] and window.chips.chips == [] and not window.prefill_strip.isVisible()
