@@ -8,6 +8,7 @@ same call with a different message list.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import threading
 import warnings
 import time
@@ -38,22 +39,26 @@ class ChatSession:
 
     def __init__(self, target: LoadedModel, settings: DecodeSettings = DecodeSettings(), *,
                  draft: LoadedModel | str = "ngram", capacity: int | None = None, snapshots=None,
-                 plan=None, cache_factory=None) -> None:
-        """plan: a planner `Plan`; its offloaded layers keep their full KV in pinned CPU memory.
-        cache_factory: `(runner, capacity) -> FullCache` to build the full cache yourself."""
+                 plan=None, cache_factory=None, initial_capacity: int | None = None) -> None:
+        """capacity: the most tokens the conversation may hold (default: the model's context).
+        initial_capacity: start the full cache this small and grow it (to `capacity` at most) when
+        a turn needs more, so a short chat does not reserve, or offload, a 128K-token cache.
+        plan: a planner `Plan`; its offloaded layers keep their full KV in pinned CPU memory.
+        cache_factory: `(runner, capacity) -> FullCache` to build the full cache yourself; it is
+        called again with the new size when the cache grows (so offloading can follow the size)."""
         self.target = target
         arch = target.runner.arch
-        self.capacity = min(capacity or arch.max_context, arch.max_context)
-        settings.validate(self.capacity)
+        self.max_capacity = min(capacity or arch.max_context, arch.max_context)
+        self.capacity = min(initial_capacity or self.max_capacity, self.max_capacity)  # what the cache holds now
+        settings.validate(self.max_capacity)
         self._settings = settings
         if cache_factory is None and plan is not None:
             from engine.cache_offload import cache_factory_for_plan
 
             cache_factory = cache_factory_for_plan(plan)
-        if cache_factory is not None:
-            self.full = cache_factory(target.runner, self.capacity)
-        else:
-            self.full = target.runner.new_full_cache(self.capacity)
+        self._cache_factory = cache_factory or (lambda runner, size: runner.new_full_cache(size))
+        self.full = self._cache_factory(target.runner, self.capacity)
+        self.grown = 0  # times the full cache was enlarged
         self.held: list[int] = []  # tokens whose K/V the full cache holds (== full.length)
         self.snapshots = snapshots
         self._cancel = threading.Event()
@@ -81,7 +86,7 @@ class ChatSession:
 
     def update_settings(self, settings: DecodeSettings) -> None:
         """Validated now; budget/chunk apply at the next retrieval rebuild, the rest at the next step."""
-        settings.validate(self.capacity)
+        settings.validate(self.max_capacity)
         old = self._settings
         self._settings = settings
         self.decoder.settings = settings
@@ -116,11 +121,39 @@ class ChatSession:
 
     def _check_length(self, prompt_len: int) -> None:
         answer = self._settings.max_new_tokens
-        if prompt_len + answer > self.capacity:
+        if prompt_len + answer > self.max_capacity:
             raise ContextOverflowError(
                 f"the conversation needs {prompt_len:,} prompt tokens + {answer:,} for the answer = "
-                f"{prompt_len + answer:,}, but this model's context holds {self.capacity:,}: remove a document, "
+                f"{prompt_len + answer:,}, but this model's context holds {self.max_capacity:,}: remove a document, "
                 f"start a new chat, lower the answer length, or pick a model with a longer context")
+
+    GROW_STEP = 4096  # grown caches are a multiple of this many tokens
+
+    def _make_room(self, prompt_len: int) -> None:
+        """Grow the full cache if this turn (prompt + answer + one speculation round) needs more
+        than it holds: at least double, at most `max_capacity`. The held K/V moves over exactly
+        (through CPU memory, so the old and new cache never both sit on the card), and the cache
+        factory sees the new size (a bigger cache may need more layers offloaded)."""
+        s = self._settings
+        need = min(self.max_capacity, prompt_len + s.max_new_tokens + s.gamma1 + s.gamma2 + 2)
+        if need <= self.capacity:
+            return
+        size = max(need, 2 * self.capacity)
+        size = min(self.max_capacity, -(-size // self.GROW_STEP) * self.GROW_STEP)
+        held = self.full.length
+        saved = [tuple(t.cpu() for t in self.full.layer_kv(layer, 0, held)) for layer in range(self.full.n_layers)]
+        self.decoder.retrieval = None
+        self.full = self.decoder.full = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.full = self._cache_factory(self.target.runner, size)
+        for layer, (k, v) in enumerate(saved):
+            self.full.load_prefix(layer, k, v)
+        self.full.length = held
+        self.decoder.full = self.full
+        self.capacity = size
+        self.grown += 1
 
     # --- the turn ----------------------------------------------------------------------------
     def prefill(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (),
@@ -129,6 +162,7 @@ class ChatSession:
         self._cancel.clear()
         tokens = self.prompt_tokens(messages, documents, system, add_generation_prompt=False)
         self._check_length(len(tokens))
+        self._make_room(len(tokens))
         started = time.perf_counter()
         outcome = yield from self._prefill(tokens, keep_last=False)
         reason = FinishReason.CANCELLED if outcome is None else FinishReason.LENGTH
@@ -147,6 +181,7 @@ class ChatSession:
         s = self._settings
         prompt = list(prompt)
         self._check_length(len(prompt))
+        self._make_room(len(prompt))
         started = time.perf_counter()
         logits = yield from self._prefill(prompt, keep_last=True)
         if logits is None:
