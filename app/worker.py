@@ -112,29 +112,37 @@ class EngineBackend:
         from engine.model_store import resolve_model
         return resolve_model(spec, progress=progress, cancel=cancel)
 
+    FIRST_CACHE_TOKENS = 16384  # a GPU session's full cache starts this big and grows with the chat
+
     def plan_for(self, resolved: Any, draft_resolved: Any, settings: DecodeSettings) -> Any:
-        """On a CUDA machine: the planner's placement for the model's whole context (one card, a
-        layer split or tensor parallel; which KV layers live in pinned CPU memory), made from
-        config.json before any weight is read. Raises OutOfMemoryPlanError, with the numbers,
-        when it cannot fit. None without a GPU (everything then runs on the CPU)."""
-        from engine.placement import plan_for_folders
+        """On a CUDA machine: the planner's placement (an engine.placement.GpuPlacement) for the
+        model's whole context (one card, a layer split or tensor parallel), made from config.json
+        before any weight is read. Raises OutOfMemoryPlanError, with the numbers, when it cannot
+        fit. None without a GPU (everything then runs on the CPU)."""
+        from engine.placement import placement_for_folders
         path = Path(getattr(resolved, "path", resolved))
         draft_path = None if draft_resolved is None else Path(getattr(draft_resolved, "path", draft_resolved))
-        return plan_for_folders(path, draft_path, None, settings)
+        return placement_for_folders(path, draft_path, None, settings)
 
     def load(self, resolved: Any, plan: Any = None, draft: bool = False) -> Any:
-        """Load a resolved folder's weights and tokenizer where `plan` puts them (target: its
-        cards; draft: its draft card); without a plan, on the best single device."""
+        """Load a resolved folder's weights and tokenizer where `plan` (a GpuPlacement or a Plan)
+        puts them (target: its cards; draft: its draft card); without one, on the best device."""
         from engine.model import load_folder
         if plan is None:
             return load_folder(resolved)
+        plan = getattr(plan, "plan", plan)
         if draft:
             return load_folder(resolved, device=plan.draft_device or "auto")
         from engine.placement import Placement
         return load_folder(resolved, placement=Placement.from_plan(plan))
 
     def session(self, target: Any, settings: DecodeSettings, draft: Any, plan: Any = None) -> Any:
+        """A GpuPlacement starts the KV cache at FIRST_CACHE_TOKENS and lets it grow, offloading
+        as the plan for each size says (a short chat keeps every layer on the card)."""
         from engine.session import ChatSession
+        if hasattr(plan, "cache_factory"):
+            return ChatSession(target, settings, draft=draft, snapshots=self.snapshots(),
+                               cache_factory=plan.cache_factory(), initial_capacity=self.FIRST_CACHE_TOKENS)
         return ChatSession(target, settings, draft=draft, snapshots=self.snapshots(), plan=plan)
 
     def snapshots(self) -> Any:

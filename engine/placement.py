@@ -57,14 +57,55 @@ class Placement:
         return LlamaRunner(config, state, torch.device(self.first_device), dtype, max_positions, devices)
 
 
+@dataclass
+class GpuPlacement:
+    """A model's plan on this machine, kept with what it was made from, so the KV cache can be
+    re-planned for another size with the weights where they are (`plan_placement(same_as=)`).
+
+    plan: made for the model's whole context (the weights' placement must hold it all).
+    `cache_factory()` gives ChatSession a `(runner, size) -> full cache` that offloads what the
+    plan for `size` tokens offloads: a 16K-token chat on one 4090 keeps every layer on the card,
+    a 128K-token book streams most of them."""
+
+    plan: object  # engine.planner.Plan
+    target: object  # engine.model_shape.ModelShape
+    draft: object | None
+    settings: DecodeSettings
+    spec: object  # engine.planner.DeviceSpec, free memory as it was before the weights loaded
+    headroom_bytes: int | None = None  # per GPU; None: the planner's default
+
+    def plan_for(self, context_tokens: int):
+        from engine.planner import plan_placement
+
+        return plan_placement(self.target, self.draft, context_tokens, self.settings, self.spec, same_as=self.plan,
+                              **self._headroom())
+
+    def _headroom(self) -> dict:
+        return {} if self.headroom_bytes is None else {"headroom_bytes": self.headroom_bytes}
+
+    def offloaded_for(self, context_tokens: int) -> list[int]:
+        plan = self.plan_for(context_tokens)
+        return [i for i, d in enumerate(plan.kv_devices) if d == "cpu"]
+
+    def cache_factory(self):
+        def factory(runner, size: int):
+            return runner.new_full_cache(size, self.offloaded_for(size))
+        return factory
+
+
 def plan_for_folders(target_folder: Path, draft_folder: Path | None, context_tokens: int | None,
                      settings: DecodeSettings, devices: str = "auto"):
-    """The planner's placement for models on disk (config.json only), or None where there is no
-    CUDA GPU (everything then simply runs on the CPU). context_tokens None: the model's whole
+    """The planner's plan for models on disk (config.json only), or None where there is no CUDA
+    GPU (everything then simply runs on the CPU). context_tokens None: the model's whole
     context. Raises OutOfMemoryPlanError with the numbers when it cannot fit."""
-    if devices == "auto" and not torch.cuda.is_available():
-        return None
-    if devices == "cpu":
+    placement = placement_for_folders(target_folder, draft_folder, context_tokens, settings, devices)
+    return placement.plan if placement is not None else None
+
+
+def placement_for_folders(target_folder: Path, draft_folder: Path | None, context_tokens: int | None,
+                          settings: DecodeSettings, devices: str = "auto") -> GpuPlacement | None:
+    """Like plan_for_folders, keeping what the plan was made from (see GpuPlacement)."""
+    if devices == "cpu" or (devices == "auto" and not torch.cuda.is_available()):
         return None
     import gc
     import json
@@ -75,15 +116,25 @@ def plan_for_folders(target_folder: Path, draft_folder: Path | None, context_tok
         torch.cuda.empty_cache()  # ... and torch's caching allocator returns it, so NVML counts it free
 
     from engine.model_shape import ModelShape
-    from engine.planner import plan_placement
 
     def shape(folder: Path) -> ModelShape:
         config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
         return ModelShape.from_config(config, name=Path(folder).name)
 
-    target = shape(target_folder)
-    draft = shape(draft_folder) if draft_folder is not None else None
+    return placement_for_shapes(shape(target_folder), shape(draft_folder) if draft_folder is not None else None,
+                                context_tokens, settings, devices)
+
+
+def placement_for_shapes(target, draft, context_tokens: int | None, settings: DecodeSettings,
+                         devices="auto", headroom_bytes: int | None = None) -> GpuPlacement:
+    """Plan `target` (+ `draft`) for `context_tokens` (None: its whole context) on `devices`
+    (a profile name or a planner DeviceSpec)."""
+    from engine.planner import device_spec, plan_placement
+
     context = context_tokens or target.max_context
     if settings.budget > context:  # a short model: the retrieval budget cannot exceed its context
         settings = settings.replace(budget=max(2 * settings.chunk, context // settings.chunk * settings.chunk))
-    return plan_placement(target, draft, context, settings, devices)
+    spec = device_spec(devices) if isinstance(devices, str) else devices
+    placement = GpuPlacement(None, target, draft, settings, spec, headroom_bytes)
+    placement.plan = plan_placement(target, draft, context, settings, spec, **placement._headroom())
+    return placement

@@ -290,7 +290,8 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
                    headroom_bytes: int = DEFAULT_HEADROOM, cpu_headroom_bytes: int = DEFAULT_CPU_HEADROOM,
                    dtype_bytes: int | None = None, prefill_chunk: int = 1024,
                    acceptance: Acceptance = Acceptance(), tp_offload: bool = True,
-                   tensor_parallel: bool | None = None, raise_on_misfit: bool = True) -> Plan:
+                   tensor_parallel: bool | None = None, raise_on_misfit: bool = True,
+                   same_as: "Plan | None" = None) -> Plan:
     """Place `target` (+ `draft`) for a cache of `context_tokens` on `devices`.
 
     dtype_bytes: weights and KV; default 2 (bf16) on GPUs, 4 (fp32) on the CPU.
@@ -298,6 +299,8 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
     False plans tensor parallel only when all KV fits on-chip.
     tensor_parallel: may the plan *choose* tensor parallel (default: TENSOR_PARALLEL_BUILT, yes).
     It is always computed and reported among the alternatives.
+    same_as: keep the weights where this earlier plan put them (its mode, each layer's card, the
+    draft's card) and decide only the KV: how a loaded model's cache grows.
     Raises ContextOverflowError, IncompatibleDraftError, InvalidSettingError on bad input and
     OutOfMemoryPlanError naming what does not fit (unless raise_on_misfit=False, which returns
     the closest plan with fits=False and its shortfalls).
@@ -319,6 +322,11 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
         lay.floors = _floors(lay, sizes, spec, target, settings, rates)
     allow_tp = TENSOR_PARALLEL_BUILT if tensor_parallel is None else tensor_parallel
     choosable = [c for c in candidates if allow_tp or c.mode != "tensor-parallel"]
+    if same_as is not None:
+        choosable = [c for c in candidates if c.mode == same_as.mode and tuple(c.layer_devices) == same_as.layer_devices
+                     and c.draft_device == same_as.draft_device]
+        if not choosable:
+            raise InvalidSettingError(f"no {same_as.mode} placement like the loaded one exists for these devices")
     fitting = [c for c in choosable if not c.shortfalls]
     order = {"cpu": 0, "single-gpu": 0, "layer-split": 1, "tensor-parallel": 2}  # ties: simpler wins
     if fitting:
