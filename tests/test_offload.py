@@ -232,6 +232,7 @@ def test_gpu_check_code_paths_on_cpu_tiny(tmp_path):
     assert "prefill chunk, all KV offloaded, prefetch" in table
     tp = result["tensor_parallel"]  # the CPU standing in for both cards
     assert tp["cards"] == ["cpu", "cpu"] and tp["tp_l2_decode_ms"] > 0 and tp["hop_us"] > 0
+    assert tp["tp_l2_verify_offload_ms"] > 0 and tp["tp_offload_bytes"] > 0
     assert "tensor parallel over cpu+cpu at 128" in table
     out = tmp_path / "gpu.json"
     write_json(result, str(out))
