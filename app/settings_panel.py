@@ -16,15 +16,17 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGridLayout, Q
 
 from app.panels.common import Card
 from app.theme import Colors, colors
+from engine.documents import MAX_BYTES
 from engine.errors import InvalidSettingError
+from engine.paths import SNAPSHOT_CACHE_BYTES
 from engine.settings import MODES, DecodeSettings, Sampling
 
 CHUNKS = (4, 8, 16, 32, 64, 128, 256)
 MODE_LABELS = {"triforce": "TriForce (L0 → L1 → L2)", "ar": "Plain autoregressive", "retrieval-only":
                "Retrieval draft only (L1 → L2)", "draft-only": "Small draft only (L0 → L2)"}
 DEFAULT_CONTEXT = 8192
-DEFAULT_DOCUMENT_MIB = 50  # engine.documents.MAX_BYTES
-DEFAULT_SNAPSHOT_GIB = 20  # engine.snapshots.SnapshotStore's default
+DEFAULT_DOCUMENT_MIB = MAX_BYTES // 2**20
+DEFAULT_SNAPSHOT_GIB = SNAPSHOT_CACHE_BYTES // 2**30
 
 
 def settings_to_dict(s: DecodeSettings) -> dict[str, Any]:

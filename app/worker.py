@@ -19,9 +19,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from engine.documents import MAX_BYTES
 from engine.errors import ReadCancelled, UserError
 from engine.events import (ChatMessage, DocumentText, Finished, FinishReason, Metrics, PrefillProgress, ReadProgress,
                            TokenText)
+from engine.paths import SNAPSHOT_CACHE_BYTES
 from engine.settings import DecodeSettings
 
 log = logging.getLogger(__name__)
@@ -103,16 +105,15 @@ class JobFailed:
 class EngineBackend:
     """How the worker builds a session. Swappable in tests; the default uses the real engine."""
 
-    max_document_bytes = 50 * 2**20  # engine.documents.MAX_BYTES; the Settings panel changes both
-    snapshot_cap_bytes = 20 * 2**30
+    max_document_bytes = MAX_BYTES  # the Settings panel changes both
+    snapshot_cap_bytes = SNAPSHOT_CACHE_BYTES
+    FIRST_CACHE_TOKENS = 16384  # a GPU session's full cache starts this big and grows with the chat
 
     def resolve(self, spec: str, progress: Callable[[str, float | None], None],
                 cancel: Callable[[], bool]) -> Any:
         """Find the model's folder: download or convert it if needed (slow, cancellable, no RAM)."""
         from engine.model_store import resolve_model
         return resolve_model(spec, progress=progress, cancel=cancel)
-
-    FIRST_CACHE_TOKENS = 16384  # a GPU session's full cache starts this big and grows with the chat
 
     def plan_for(self, resolved: Any, draft_resolved: Any, settings: DecodeSettings) -> Any:
         """On a CUDA machine: the planner's placement (an engine.placement.GpuPlacement) for the

@@ -27,6 +27,9 @@ def model_cache_dir() -> Path:
     return path
 
 
+SNAPSHOT_CACHE_BYTES = 20 * 2**30  # default disk kept for snapshots (the app's Settings change it)
+
+
 def snapshot_dir() -> Path:
     """Prefilled-book KV snapshots."""
     path = app_home() / "snapshots"

@@ -69,9 +69,9 @@ class CorruptSnapshot(Exception):
 
 
 class SnapshotStore:
-    """A folder of snapshots bounded by `max_bytes` (default 20 GiB)."""
+    """A folder of snapshots bounded by `max_bytes` (default paths.SNAPSHOT_CACHE_BYTES, 20 GiB)."""
 
-    def __init__(self, root: str | os.PathLike | None = None, max_bytes: int = 20 * 2**30) -> None:
+    def __init__(self, root: str | os.PathLike | None = None, max_bytes: int = paths.SNAPSHOT_CACHE_BYTES) -> None:
         if sys.byteorder != "little":
             raise RuntimeError("snapshots are stored little-endian; big-endian hosts are not supported")
         self.root = Path(root) if root is not None else paths.snapshot_dir()
