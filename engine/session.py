@@ -141,16 +141,14 @@ class ChatSession:
         size = max(need, 2 * self.capacity)
         size = min(self.max_capacity, -(-size // self.GROW_STEP) * self.GROW_STEP)
         held = self.full.length
-        saved = [tuple(t.cpu() for t in self.full.layer_kv(layer, 0, held)) for layer in range(self.full.n_layers)]
+        saved = self._held_kv_on_cpu(held)
         self.decoder.retrieval = None
         self.full = self.decoder.full = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         self.full = self._cache_factory(self.target.runner, size)
-        for layer, (k, v) in enumerate(saved):
-            self.full.load_prefix(layer, k, v)
-        self.full.length = held
+        self._load_held_kv(saved, held)
         self.decoder.full = self.full
         self.capacity = size
         self.grown += 1
@@ -295,6 +293,21 @@ class ChatSession:
         self._save_snapshot(tokens)
         return logits
 
+    # --- moving the held K/V out of the cache and back (snapshots, growing) ----------------------
+    def _held_kv_on_cpu(self, n: int) -> dict[str, torch.Tensor]:
+        """The first `n` tokens' K/V of every layer in CPU memory: {"k.<layer>": [Hkv, n, D], "v.<layer>": ...}."""
+        tensors = {}
+        for layer in range(self.full.n_layers):
+            k, v = self.full.layer_kv(layer, 0, n)
+            tensors[f"k.{layer}"], tensors[f"v.{layer}"] = k.cpu(), v.cpu()
+        return tensors
+
+    def _load_held_kv(self, tensors: dict[str, torch.Tensor], n: int) -> None:
+        """Put the first `n` tokens of `tensors` (as _held_kv_on_cpu gives them) into the cache."""
+        for layer in range(self.full.n_layers):
+            self.full.load_prefix(layer, tensors[f"k.{layer}"][:, :n], tensors[f"v.{layer}"][:, :n])
+        self.full.length = n
+
     # --- snapshots (prefilled books) -----------------------------------------------------------
     def _snapshot_key(self) -> str:
         folder = self.target.folder
@@ -314,9 +327,7 @@ class ChatSession:
             return reuse
         stored_tokens, tensors = loaded
         n = min(match.matched, len(tokens) - 1)
-        for layer in range(self.full.n_layers):
-            self.full.load_prefix(layer, tensors[f"k.{layer}"][:, :n], tensors[f"v.{layer}"][:, :n])
-        self.full.length = n
+        self._load_held_kv(tensors, n)
         self.held = list(tokens[:n])
         return n
 
@@ -324,12 +335,8 @@ class ChatSession:
         if self.snapshots is None or len(tokens) < 1024:
             return
         n = self.full.length
-        tensors = {}
-        for layer in range(self.full.n_layers):
-            k, v = self.full.layer_kv(layer, 0, n)
-            tensors[f"k.{layer}"], tensors[f"v.{layer}"] = k.cpu(), v.cpu()
         try:
-            self.snapshots.save(self._snapshot_key(), tokens[:n], tensors)
+            self.snapshots.save(self._snapshot_key(), tokens[:n], self._held_kv_on_cpu(n))
         except UserError as exc:  # a full disk must not end the chat; the next prefill just costs more
             warnings.warn(f"prefill snapshot not saved: {exc}")
 
