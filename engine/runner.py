@@ -77,6 +77,11 @@ class _Layer:
     w_down: torch.Tensor  # [hidden, I]
     gate_up_packed: torch.Tensor | None = None  # oneDNN-prepacked w_gate_up (CPU float32)
 
+    def nbytes(self) -> int:
+        """Bytes of the weights (the prepacked copy is a cache of w_gate_up, not counted)."""
+        return sum(t.numel() * t.element_size() for name, t in vars(self).items()
+                   if t is not None and not name.endswith("_packed"))
+
 
 def state_tensor(state: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     """A checkpoint tensor by its name with or without the "model." prefix."""
@@ -193,9 +198,7 @@ class LlamaRunner:
 
     def nbytes(self) -> int:
         tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
-        for layer in self.layers:
-            tensors += [t for name, t in vars(layer).items() if t is not None and not name.endswith("_packed")]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in tensors) + sum(layer.nbytes() for layer in self.layers)
 
     @staticmethod
     def _pack_for_cpu(weight: torch.Tensor) -> torch.Tensor | None:

@@ -122,10 +122,8 @@ class TensorParallelRunner:
 
     def nbytes(self) -> int:
         tensors = [self.embed] + self.norms + self.lm_heads
-        for card in self.layers:
-            for layer in card:
-                tensors += [t for name, t in vars(layer).items() if t is not None and not name.endswith("_packed")]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return (sum(t.numel() * t.element_size() for t in tensors)
+                + sum(layer.nbytes() for card in self.layers for layer in card))
 
     def new_full_cache(self, capacity: int, offloaded: Sequence[int] = (), **options) -> ShardedFullCache:
         """One full cache per card over its KV heads; `offloaded` layers keep every card's share in
