@@ -236,7 +236,7 @@ def measure_context(target, timer: Timer, context: int, pinned_gbs: float, log: 
     t_transfer = moved / (pinned_gbs * 1e6) if pinned_gbs else float("nan")  # ms
     out["transfer_ms_at_pinned_bw"] = t_transfer
     out["transfer_ms_measured"] = results["serial"] - out["l2_verify_ms"]
-    out["overlap_hidden"] = 1 - (results["prefetch"] - out["l2_verify_ms"]) / t_transfer if t_transfer else float("nan")
+    out["overlap_hidden"] = hidden_fraction(results["prefetch"], out["l2_verify_ms"], t_transfer)
     out["offload_gbs"] = out["offload_prefetch_bytes"] / results["prefetch"] / 1e6
     out["offload_fraction_of_pinned"] = out["offload_gbs"] / pinned_gbs if pinned_gbs else float("nan")
     out["l2_read_bytes"] = target.nbytes() - target.embed.numel() * target.embed.element_size() * (
@@ -249,6 +249,11 @@ def measure_context(target, timer: Timer, context: int, pinned_gbs: float, log: 
     return out
 
 
+def hidden_fraction(with_prefetch_ms: float, compute_ms: float, transfer_ms: float) -> float:
+    """How much of the copy the double buffer hid: 1 - (t_prefetch - t_compute) / t_transfer."""
+    return 1 - (with_prefetch_ms - compute_ms) / transfer_ms if transfer_ms else float("nan")
+
+
 def measure_long_compute(target, timer: "Timer", full, off, held: int, pinned_gbs: float, tokens, log) -> dict:
     """The double buffer where compute is long enough to hide behind: one prefill chunk (the
     session's CUDA chunk, 2048 tokens; 32 on the CPU) attending over the whole held prefix, with
@@ -257,7 +262,7 @@ def measure_long_compute(target, timer: "Timer", full, off, held: int, pinned_gb
     a long document's prefill chunk computes about as long as the copy."""
     from engine.session import prefill_chunk_for
 
-    n = min(prefill_chunk_for(target.device), held // 2) if target.device.type == "cuda" else min(32, held // 2)
+    n = min(prefill_chunk_for(target.device) if target.device.type == "cuda" else 32, held // 2)
     start = held - n
     ids, p = tokens(n), torch.arange(start, held, device=target.device)
     log(f"    prefill chunk of {n} tokens over {start} held, every layer offloaded")
@@ -278,10 +283,9 @@ def measure_long_compute(target, timer: "Timer", full, off, held: int, pinned_gb
     off.prefetch = True
     full.length = off.length = held
     t_transfer = moved / (pinned_gbs * 1e6) if pinned_gbs else float("nan")
-    hidden = 1 - (times["prefetch"] - onchip) / t_transfer if t_transfer else float("nan")
     return {"chunk_tokens": n, "chunk_onchip_ms": onchip, "chunk_offload_ms": times["prefetch"],
             "chunk_offload_serial_ms": times["serial"], "chunk_transfer_ms_at_pinned_bw": t_transfer,
-            "chunk_overlap_hidden": hidden}
+            "chunk_overlap_hidden": hidden_fraction(times["prefetch"], onchip, t_transfer)}
 
 
 def measure_tensor_parallel(timer: Timer, devices: list[torch.device], dtype: torch.dtype, tiny: bool,
