@@ -183,10 +183,13 @@ class PrefillStrip(QFrame):
         self.cancel.setEnabled(True)
         self.show()
 
-    def update_progress(self, done: int, total: int, reused: int, eta_s: float | None) -> None:
+    def _set_fraction(self, done: int, total: int) -> None:
         self.done, self.total = done, total
         self.bar.setRange(0, 1000)
         self.bar.setValue(round(1000 * done / total) if total else 1000)
+
+    def update_progress(self, done: int, total: int, reused: int, eta_s: float | None) -> None:
+        self._set_fraction(done, total)
         eta = f" · about {fmt_seconds(eta_s)} left" if eta_s is not None else ""
         cached = f" · {reused:,} reused" if reused else ""
         self.numbers.setText(f"{done:,} / {total:,} tokens{cached}{eta}")
@@ -194,9 +197,7 @@ class PrefillStrip(QFrame):
     def update_reading(self, name: str, done: int, total: int) -> None:
         """Pages of a long PDF read so far (before its tokens can be counted and prefilled)."""
         self.label.setText(f"Reading {name}")
-        self.done, self.total = done, total
-        self.bar.setRange(0, 1000)
-        self.bar.setValue(round(1000 * done / total) if total else 1000)
+        self._set_fraction(done, total)
         self.numbers.setText(f"page {done:,} / {total:,}")
 
     def finish(self) -> None:
