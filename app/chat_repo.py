@@ -1,4 +1,4 @@
-"""The app's view of the chat store (engine/chat_store.py): documents as `DocumentText`,
+"""The app's view of the chat store (engine/store/chats.py): documents as `DocumentText`,
 messages with their stats and level spans, exports as text.
 
 All calls run on the GUI thread (a write is one small SQLite transaction, a millisecond or
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from engine.chat_store import ChatStore, ChatSummary, Message, StoredDocument
+from engine.store.chats import ChatStore, ChatSummary, Message, StoredDocument
 from engine.events import ChatMessage, DocumentText
 
 

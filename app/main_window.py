@@ -40,7 +40,7 @@ ORG, APP = "TriForceChat", "TriForce Chat"
 
 def app_settings() -> QSettings:
     """Global preferences, next to the app's data (so TRIFORCE_HOME isolates tests too)."""
-    from engine.paths import app_home
+    from engine.store.paths import app_home
     return QSettings(str(app_home() / "app-settings.ini"), QSettings.Format.IniFormat)
 
 
@@ -303,7 +303,7 @@ class MainWindow(QMainWindow):
         self.chat_view.set_model_name(info.name)
         self.settings_panel.set_context(info.max_context)
         self.cache_panel.set_context(info.max_context)
-        session = self.engine.session()
+        session = self.engine.decoding.session()
         if session is not None:
             self.settings_panel.set_settings(session.settings)
             self.cache_panel.set_settings(session.settings)

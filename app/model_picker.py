@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFileDialog
                                QSplitter, QVBoxLayout, QWidget)
 
 from engine.errors import UserError
-from engine.presets import BUNDLED_ID, PRESETS
+from engine.store.presets import BUNDLED_ID, PRESETS
 
 PROFILES = (("auto", "This computer (detected)"), ("cpu", "CPU only"), ("4090", "One RTX 4090 (24 GB)"),
             ("4090x2", "Two RTX 4090s (2 × 24 GB)"))
@@ -44,7 +44,7 @@ def builtin_choices() -> list[ModelChoice]:
 
 def local_choices() -> list[ModelChoice]:
     try:
-        from engine.model_store import list_local_models
+        from engine.store.models import list_local_models
         models = list_local_models()
     except Exception:  # noqa: BLE001 - a broken cache folder must not break the picker
         return []
@@ -209,7 +209,7 @@ class ModelPicker(QDialog):
     @staticmethod
     def _shape(spec: str):
         try:
-            from engine.model_shape import shape_for
+            from engine.offload.shapes import shape_for
             return shape_for(spec)
         except (UserError, ImportError):
             return None
@@ -219,14 +219,13 @@ class ModelPicker(QDialog):
         if c is None:
             return
         try:
-            from engine.model_shape import shape_for
-            from engine.planner import describe, plan_placement
+            from engine.offload.shapes import shape_for
+            from engine.offload.planner import describe, plan_placement
             target = shape_for(c.shape_spec)
             draft = shape_for(c.draft) if c.draft not in ("ngram", "none") else None
             settings = self._decode_settings()
             context = min(self.context.value(), target.max_context)
-            budget = max(2 * settings.chunk, min(settings.budget, context) // settings.chunk * settings.chunk)
-            plan = plan_placement(target, draft, context, settings.replace(budget=budget),
+            plan = plan_placement(target, draft, context, settings.fit_budget(context),
                                   self.profile.currentData(), raise_on_misfit=False)
         except UserError as exc:
             self._show_verdict(None, str(exc))

@@ -18,7 +18,7 @@ from app.panels.common import Card
 from app.theme import Colors, colors
 from engine.documents import MAX_BYTES
 from engine.errors import InvalidSettingError
-from engine.paths import SNAPSHOT_CACHE_BYTES
+from engine.store.paths import SNAPSHOT_CACHE_BYTES
 from engine.settings import MODES, DecodeSettings, Sampling
 
 CHUNKS = (4, 8, 16, 32, 64, 128, 256)

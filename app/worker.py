@@ -23,7 +23,7 @@ from engine.documents import MAX_BYTES
 from engine.errors import ReadCancelled, UserError
 from engine.events import (ChatMessage, DocumentText, Finished, FinishReason, Metrics, PrefillProgress, ReadProgress,
                            TokenText)
-from engine.paths import SNAPSHOT_CACHE_BYTES
+from engine.store.paths import SNAPSHOT_CACHE_BYTES
 from engine.settings import DecodeSettings
 
 log = logging.getLogger(__name__)
@@ -112,15 +112,15 @@ class EngineBackend:
     def resolve(self, spec: str, progress: Callable[[str, float | None], None],
                 cancel: Callable[[], bool]) -> Any:
         """Find the model's folder: download or convert it if needed (slow, cancellable, no RAM)."""
-        from engine.model_store import resolve_model
+        from engine.store.models import resolve_model
         return resolve_model(spec, progress=progress, cancel=cancel)
 
     def plan_for(self, resolved: Any, draft_resolved: Any, settings: DecodeSettings) -> Any:
-        """On a CUDA machine: the planner's placement (an engine.placement.GpuPlacement) for the
+        """On a CUDA machine: the planner's placement (an engine.model.placement.GpuPlacement) for the
         model's whole context (one card, a layer split or tensor parallel), made from config.json
         before any weight is read. Raises OutOfMemoryPlanError, with the numbers, when it cannot
         fit. None without a GPU (everything then runs on the CPU)."""
-        from engine.placement import placement_for_folders
+        from engine.model.placement import placement_for_folders
         path = Path(getattr(resolved, "path", resolved))
         draft_path = None if draft_resolved is None else Path(getattr(draft_resolved, "path", draft_resolved))
         return placement_for_folders(path, draft_path, None, settings)
@@ -128,19 +128,19 @@ class EngineBackend:
     def load(self, resolved: Any, plan: Any = None, draft: bool = False) -> Any:
         """Load a resolved folder's weights and tokenizer where `plan` (a GpuPlacement or a Plan)
         puts them (target: its cards; draft: its draft card); without one, on the best device."""
-        from engine.model import load_folder
+        from engine.model.loading import load_folder
         if plan is None:
             return load_folder(resolved)
         plan = getattr(plan, "plan", plan)
         if draft:
             return load_folder(resolved, device=plan.draft_device or "auto")
-        from engine.placement import Placement
+        from engine.model.placement import Placement
         return load_folder(resolved, placement=Placement.from_plan(plan))
 
     def session(self, target: Any, settings: DecodeSettings, draft: Any, plan: Any = None) -> Any:
         """A GpuPlacement starts the KV cache at FIRST_CACHE_TOKENS and lets it grow, offloading
         as the plan for each size says (a short chat keeps every layer on the card)."""
-        from engine.session import ChatSession
+        from engine.decoding.session import ChatSession
         if hasattr(plan, "cache_factory"):
             return ChatSession(target, settings, draft=draft, snapshots=self.snapshots(),
                                cache_factory=plan.cache_factory(), initial_capacity=self.FIRST_CACHE_TOKENS)
@@ -148,7 +148,7 @@ class EngineBackend:
 
     def snapshots(self) -> Any:
         """Prefilled books on disk: reopening a chat with a long document skips most of its prefill."""
-        from engine.snapshots import SnapshotStore
+        from engine.store.snapshots import SnapshotStore
         return SnapshotStore(max_bytes=self.snapshot_cap_bytes)
 
     def read_document(self, path: str, progress: Callable[[int, int], None] | None = None,
@@ -361,9 +361,8 @@ class EngineWorker(QObject):
         """Clamp the wanted settings to this model's context so the session accepts them."""
         settings = self._settings
         context = int(getattr(target, "max_context", 0) or 0)
-        if context and settings.budget > context:
-            budget = max(2 * settings.chunk, context // settings.chunk * settings.chunk)
-            settings = settings.replace(budget=budget)
+        if context:
+            settings = settings.fit_budget(context)
         return settings
 
     def _require_session(self) -> Any:

@@ -89,6 +89,16 @@ class CacheStats:
 
 
 @dataclass(frozen=True)
+class CandidateCost:
+    """One structure the `auto` policy weighed, e.g. "triforce g1=2 g2=6", and its predicted
+    ms per generated token; `measured` is False while the score still rests on priors."""
+
+    structure: str
+    ms_per_token: float
+    measured: bool = True
+
+
+@dataclass(frozen=True)
 class Metrics:
     """A snapshot of decoding statistics for the current answer."""
 
@@ -104,6 +114,9 @@ class Metrics:
     mean_accepted_per_verify: float | None = None
     retrieval_rebuilds: int = 0
     settings_summary: str = ""
+    structure: str = ""  # what ran last, e.g. "triforce g1=2 g2=6" (under auto: the policy's pick)
+    candidates: tuple[CandidateCost, ...] = ()  # auto: every structure weighed, best gammas each
+    structure_switches: int = 0  # auto: how often the structure changed during this answer
 
     def level(self, name: str) -> LevelStats | None:
         return next((lv for lv in self.levels if lv.name == name), None)

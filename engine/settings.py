@@ -2,11 +2,49 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 
 from engine.errors import InvalidSettingError
 
-MODES = ("triforce", "ar", "retrieval-only", "draft-only")
+
+class Mode(str, enum.Enum):
+    """A decoding structure: which levels draft for the target. `auto` picks one of the fixed four
+    online (engine/decoding/policy.py). A str enum, so `Mode.AR == "ar"` and settings keep strings."""
+
+    AUTO = "auto"
+    AR = "ar"
+    DRAFT_ONLY = "draft-only"
+    RETRIEVAL_ONLY = "retrieval-only"
+    TRIFORCE = "triforce"
+
+    @property
+    def uses_l0(self) -> bool:
+        """May this mode run the L0 drafter (so its model and cache must exist)?"""
+        return self in (Mode.AUTO, Mode.DRAFT_ONLY, Mode.TRIFORCE)
+
+    @property
+    def uses_l1(self) -> bool:
+        """May this mode run L1 (the target on the retrieval cache)?"""
+        return self in (Mode.AUTO, Mode.RETRIEVAL_ONLY, Mode.TRIFORCE)
+
+    @staticmethod
+    def of(value: "str | Mode") -> "Mode":
+        """The Mode named `value`, or InvalidSettingError listing the valid names."""
+        try:
+            return Mode(value)
+        except ValueError:
+            raise InvalidSettingError(f"mode {value!r} is unknown: use one of {', '.join(MODES)}") from None
+
+
+MODES = tuple(m.value for m in Mode)  # "auto" first: the default
+FIXED_MODES = tuple(m for m in Mode if m is not Mode.AUTO)
+MAX_DRAFT = 16  # the most tokens L0 drafts per L1 forward (gamma1's upper bound)
+
+
+def draft_cache_slack() -> int:
+    """Slots past sinks + window the draft's StreamingLLM cache keeps for one draft forward."""
+    return max(MAX_DRAFT + 1, 64)
 
 
 @dataclass(frozen=True)
@@ -41,10 +79,11 @@ class DecodeSettings:
     gamma1: tokens L0 drafts per L1 verification; gamma2: tokens L1 drafts per L2 verification.
     rebuild_threshold: rebuild the retrieval cache when L1's rolling acceptance drops below this.
     rebuild_stride: ... or every this many generated tokens (0: never by count).
-    auto: pick gamma1/gamma2/budget from measured step times and acceptance.
+    auto: with a fixed mode, pick its gamma1/gamma2 from measured step times and acceptance
+      (mode "auto" picks the structure too).
     """
 
-    mode: str = "triforce"
+    mode: str = "auto"
     budget: int = 1024
     chunk: int = 16
     draft_sinks: int = 4
@@ -62,10 +101,37 @@ class DecodeSettings:
     def replace(self, **changes) -> "DecodeSettings":
         return dataclasses.replace(self, **changes)
 
+    # --- sizes derived from the settings: the one source for the decoder, the caches and the planner
+    def fit_budget(self, context_tokens: int) -> "DecodeSettings":
+        """These settings with the retrieval budget cut to what a `context_tokens` context can hold
+        (a whole number of chunks, at least two): a short model cannot retrieve more than it holds."""
+        if self.budget <= context_tokens:
+            return self
+        return self.replace(budget=max(2 * self.chunk, context_tokens // self.chunk * self.chunk))
+
+    def speculation_tokens(self) -> int:
+        """Slots one verification cycle may add past the held tokens: gamma1 + gamma2 + the pending
+        token + the bonus token."""
+        return self.gamma1 + self.gamma2 + 2
+
+    def retrieval_headroom(self) -> int:
+        """Slots the retrieval cache keeps after its budget for recent and speculated tokens before
+        a rebuild is forced."""
+        spec = 2 * self.speculation_tokens()
+        return max(2 * self.chunk + spec, self.rebuild_stride + spec, 128)
+
+    def retrieval_capacity(self, context_tokens: int) -> int:
+        """Slots a retrieval cache allocates over a `context_tokens` context: budget + headroom."""
+        return min(self.budget, context_tokens) + self.retrieval_headroom()
+
+    def draft_cache_capacity(self) -> int:
+        """Slots the draft model's StreamingLLM cache allocates: sinks + window + room for one
+        draft forward of up to MAX_DRAFT tokens."""
+        return self.draft_sinks + self.draft_window + draft_cache_slack()
+
     def validate(self, context_tokens: int | None = None) -> None:
         """Raise InvalidSettingError naming the valid range of the first bad value."""
-        if self.mode not in MODES:
-            raise InvalidSettingError(f"mode {self.mode!r} is unknown: use one of {', '.join(MODES)}")
+        Mode.of(self.mode)
         if not 1 <= self.chunk <= 1024:
             raise InvalidSettingError(f"chunk {self.chunk} is out of range: use 1 to 1024 tokens")
         if self.budget < 2 * self.chunk:
@@ -78,7 +144,7 @@ class DecodeSettings:
         if context_tokens is not None and self.budget > context_tokens:
             raise InvalidSettingError(
                 f"budget {self.budget} exceeds the context of {context_tokens} tokens: use {2 * self.chunk} to {context_tokens}")
-        for name, value, high in (("gamma1", self.gamma1, 16), ("gamma2", self.gamma2, 32)):
+        for name, value, high in (("gamma1", self.gamma1, MAX_DRAFT), ("gamma2", self.gamma2, 32)):
             if not 1 <= value <= high:
                 raise InvalidSettingError(f"{name} {value} is out of range: use 1 to {high}")
         if self.draft_sinks < 0 or self.draft_window < 1:

@@ -25,7 +25,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 
 def _converted_bundled() -> Path:
-    from engine.model_store import BUNDLED_NAME
+    from engine.store.models import BUNDLED_NAME
 
     return BUNDLED_HOME / "models" / BUNDLED_NAME
 
@@ -53,7 +53,7 @@ def triforce_home(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: p
 @pytest.fixture(scope="session")
 def bundled_model():
     """The bundled SmolLM2-135M-Instruct as a `ModelFolder`, converted once into .test-cache."""
-    from engine.model_store import resolve_model
+    from engine.store.models import resolve_model
 
     saved = os.environ.get("TRIFORCE_HOME")
     os.environ["TRIFORCE_HOME"] = str(BUNDLED_HOME)
@@ -147,7 +147,7 @@ def sample_text() -> str:
 def sample_passage(bundled_tokenizer) -> Callable[[int], str]:
     """Factory: `sample_passage(n_tokens) -> str`, the start of Hamlet cut to at most n_tokens
     bundled-tokenizer tokens (1000 and 8000 are what tests and benchmarks use)."""
-    from engine.sample_text import sample_passage as cut
+    from engine.tools.sample_text import sample_passage as cut
 
     return lambda n_tokens, play="hamlet": cut(n_tokens, bundled_tokenizer, play=play)
 

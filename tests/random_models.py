@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig
 
-from engine.runner import LlamaRunner
+from engine.model.runner import LlamaRunner
 
 
 def random_runner(seed: int, vocab: int = 12, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,

@@ -1,10 +1,10 @@
 """Auto-tuning picks gammas and budgets from measurements; output stays identical to AR."""
 from __future__ import annotations
 
-from engine.autotune import best_gamma, expected_tokens, retune
+from engine.decoding.autotune import best_gamma, expected_tokens, retune
 from engine.events import ChatMessage, DocumentText
-from engine.model import load_folder
-from engine.session import ChatSession
+from engine.model.loading import load_folder
+from engine.decoding.session import ChatSession
 from engine.settings import DecodeSettings
 from streams import answer_tokens
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.cache_full import FullCache
-from engine.cache_offload import OffloadedCache
+from engine.kv.full import FullCache
+from engine.kv.offload import OffloadedCache
 from engine.errors import ContextOverflowError
 from engine.events import ChatMessage, DocumentText
-from engine.model import load_folder
-from engine.session import ChatSession
+from engine.model.loading import load_folder
+from engine.decoding.session import ChatSession
 from engine.settings import DecodeSettings
 from streams import answer_tokens
 
@@ -75,8 +75,8 @@ def test_growth_stops_at_the_context_with_the_usual_message(tiny, sample_text):
 def test_replanning_a_loaded_model_keeps_weights_and_offloads_only_what_the_size_needs():
     """Planned for the whole 128K context, the weights stay put; the KV for a shorter chat is
     planned again with them (plan_placement(same_as=)), so it stays on the card."""
-    from engine.model_shape import shape_for
-    from engine.placement import placement_for_shapes
+    from engine.offload.shapes import shape_for
+    from engine.model.placement import placement_for_shapes
 
     settings = DecodeSettings()
     one = placement_for_shapes(shape_for("meta-llama/Llama-3.1-8B-Instruct"),
@@ -95,10 +95,10 @@ def test_a_tensor_parallel_session_grows_into_offloading_as_the_plan_says(tiny_m
     share moves to CPU memory. Tokens equal AR's on the same split model."""
     import dataclasses
 
-    from engine.cache_sharded import ShardedFullCache
-    from engine.model_shape import ModelShape
-    from engine.placement import Placement, placement_for_shapes
-    from engine.planner import DeviceSpec, GpuSpec
+    from engine.kv.sharded import ShardedFullCache
+    from engine.offload.shapes import ModelShape
+    from engine.model.placement import Placement, placement_for_shapes
+    from engine.offload.planner import DeviceSpec, GpuSpec
 
     folder = tiny_model_dir("llama", num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4,
                             intermediate_size=96)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.chat_store import MIGRATIONS, ChatStore, Migration
+from engine.store.chats import MIGRATIONS, ChatStore, Migration
 from engine.errors import StoreError
 from engine.events import DocumentText, FinishReason, Finished
 
@@ -272,7 +272,7 @@ def test_foreign_or_damaged_file_refused(tmp_path):
 
 WRITER = textwrap.dedent("""
     import random, sys
-    from engine.chat_store import ChatStore
+    from engine.store.chats import ChatStore
     store = ChatStore(sys.argv[1])
     rng = random.Random(int(sys.argv[2]))
     print("ready", flush=True)

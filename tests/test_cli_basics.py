@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import main as entry
-from engine import model_store
-from engine.paths import model_cache_dir
+from engine.store import models as model_store
+from engine.store.paths import model_cache_dir
 
 REPO = Path(__file__).resolve().parent.parent
 HAS_CHAT = importlib.util.find_spec("engine.cli.chat_cmd") is not None

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cache_full import FullCache
-from engine.cache_offload import OffloadedCache
-from engine.drafters import ModelDrafter, NgramDrafter
+from engine.kv.full import FullCache
+from engine.kv.offload import OffloadedCache
+from engine.decoding.drafters import ModelDrafter, NgramDrafter
 from engine.settings import DecodeSettings
-from engine.speculative import HierarchicalDecoder
-from engine.runner_tp import TensorParallelRunner
+from engine.decoding.speculative import HierarchicalDecoder
+from engine.model.runner_tp import TensorParallelRunner
 from random_models import random_runner, random_weights
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
@@ -77,8 +77,8 @@ def test_every_mode_matches_ar_on_cuda_float32(offload):
     draft = random_runner(3, vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, device="cuda")
     prompt = _prompt(1500, 256)
     reference = _generate(target, NgramDrafter(), "ar", prompt, 96, offload=False)
-    for mode, drafter in (("triforce", ModelDrafter(draft, 4, 124, 8)), ("triforce", NgramDrafter()),
-                          ("retrieval-only", NgramDrafter()), ("draft-only", ModelDrafter(draft, 4, 124, 8))):
+    for mode, drafter in (("triforce", ModelDrafter(draft, 4, 124)), ("triforce", NgramDrafter()),
+                          ("retrieval-only", NgramDrafter()), ("draft-only", ModelDrafter(draft, 4, 124))):
         got = _generate(target, drafter, mode, prompt, 96, offload)
         assert got == reference, f"{mode} with {type(drafter).__name__} differs from AR"
 

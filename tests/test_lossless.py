@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from engine.events import ChatMessage, DocumentText
-from engine.model import load_folder
-from engine.session import ChatSession
+from engine.model.loading import load_folder
+from engine.decoding.session import ChatSession
 from engine.settings import DecodeSettings
 from streams import answer_tokens
 
@@ -43,6 +43,8 @@ TINY_SETTINGS = [
     dict(mode="retrieval-only", budget=32, chunk=8, gamma2=3),
     dict(mode="retrieval-only", budget=128, chunk=32, gamma2=6),
     dict(mode="draft-only", gamma1=4),
+    dict(mode="auto", budget=64, chunk=16),
+    dict(mode="triforce", budget=64, chunk=16, auto=True),  # a fixed structure, gammas tuned online
 ]
 
 
@@ -136,7 +138,8 @@ def test_bundled_8k_context_every_mode_matches_ar(bundled_model_dir, sample_pass
         runs = [dict(mode="triforce", budget=64, chunk=16, gamma1=4, gamma2=6),
                 dict(mode="triforce", budget=1024, chunk=16, gamma1=2, gamma2=8),
                 dict(mode="retrieval-only", budget=8192, chunk=32, gamma2=4),
-                dict(mode="draft-only", gamma1=5)]
+                dict(mode="draft-only", gamma1=5),
+                dict(mode="auto", budget=512, chunk=16)]
         for overrides in runs:
             session.update_settings(DecodeSettings(max_new_tokens=24, **overrides))
             got, final = answer_tokens(session, messages, doc)

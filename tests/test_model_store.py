@@ -1,4 +1,4 @@
-"""engine.model_store: specs -> ready model folders, with caching and clean failures."""
+"""engine.store.models: specs -> ready model folders, with caching and clean failures."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import model_store
+from engine.store import models as model_store
 from engine.errors import ModelFormatError, ModelNotFoundError
-from engine.model_store import ModelFolder, list_local_models, resolve_model
-from engine.paths import model_cache_dir
+from engine.store.models import ModelFolder, list_local_models, resolve_model
+from engine.store.paths import model_cache_dir
 
 
 def cache_entries() -> list[str]:

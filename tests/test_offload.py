@@ -1,4 +1,4 @@
-"""The offloaded full cache (engine/cache_offload.py) is FullCache bit for bit, on the CPU standing
+"""The offloaded full cache (engine/kv/offload.py) is FullCache bit for bit, on the CPU standing
 in for both sides: prefill, multi-token verification, roll back and regenerate, with some and
 all layers offloaded, prefetching or serial; a whole chat with an offloaded plan; a layer split
 across two "devices" (both the CPU here); the retrieval rebuild from an offloaded cache."""
@@ -9,15 +9,15 @@ import dataclasses
 import pytest
 import torch
 
-from engine.cache_full import FullCache
-from engine.cache_offload import OffloadedCache, cache_factory_for_plan, offloaded_layers
-from engine.cache_retrieval import RetrievalCache
+from engine.kv.full import FullCache
+from engine.kv.offload import OffloadedCache, cache_factory_for_plan, offloaded_layers
+from engine.kv.retrieval import RetrievalCache
 from engine.events import ChatMessage, DocumentText
-from engine.model import load_folder
-from engine.model_shape import ModelShape
-from engine.planner import DeviceSpec, GpuSpec, plan_placement
-from engine.runner import LlamaRunner
-from engine.session import ChatSession
+from engine.model.loading import load_folder
+from engine.offload.shapes import ModelShape
+from engine.offload.planner import DeviceSpec, GpuSpec, plan_placement
+from engine.model.runner import LlamaRunner
+from engine.decoding.session import ChatSession
 from engine.settings import DecodeSettings
 from streams import answer_tokens
 
@@ -215,7 +215,7 @@ def test_gpu_check_code_paths_on_cpu_tiny(tmp_path):
     """`--device cpu --quick`: the same measurements on tiny shapes (numbers mean nothing here)."""
     import json
 
-    from engine.gpu_check import format_table, run_check, write_json
+    from engine.tools.gpu_check import format_table, run_check, write_json
 
     result = run_check("cpu", quick=True, log=lambda _m: None)
     assert [c["context"] for c in result["contexts"]] == [128, 256]

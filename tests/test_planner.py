@@ -7,9 +7,9 @@ import pytest
 
 from engine.errors import (ContextOverflowError, IncompatibleDraftError, InvalidSettingError, ModelNotFoundError,
                            OutOfMemoryPlanError)
-from engine.model_shape import ModelShape, shape_for
-from engine.planner import DeviceSpec, GpuSpec, RTX_4090, device_spec, plan_placement
-from engine.presets import PRESETS, preset_config_path
+from engine.offload.shapes import ModelShape, shape_for
+from engine.offload.planner import DeviceSpec, GpuSpec, RTX_4090, device_spec, plan_placement
+from engine.store.presets import PRESETS, preset_config_path
 from engine.settings import DecodeSettings
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -153,7 +153,7 @@ def test_two_gpus_with_offload_prefer_splitting_heads_over_layers() -> None:
 
 def test_default_choice_on_two_cards_is_tensor_parallel_for_the_presets() -> None:
     """Both multi-card modes are built; the plan picks the lower floor, which for both presets is
-    tensor parallel (engine/runner_tp.py). Ruling it out gives the layer split, and says so."""
+    tensor parallel (engine/model/runner_tp.py). Ruling it out gives the layer split, and says so."""
     for shape, draft in ((LLAMA31, LLAMA32_1B), (YARN, LLAMA68M)):
         plan = plan_placement(shape_for(shape), shape_for(draft), CTX, S, "4090x2")
         alt = {a.mode: a for a in plan.alternatives}
@@ -280,7 +280,7 @@ def test_named_profiles() -> None:
 
 def test_end_to_end_with_perfect_acceptance() -> None:
     """All drafts accepted: one L2 forward per gamma2 + 1 tokens, after gamma2 L1 forwards."""
-    from engine.planner import Acceptance
+    from engine.offload.planner import Acceptance
 
     t = shape_for(LLAMA31)
     settings = S.replace(mode="retrieval-only")

@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from engine.cache_full import FullCache
-from engine.runner import LlamaRunner
+from engine.kv.full import FullCache
+from engine.model.runner import LlamaRunner
 
 ROPES = {
     "default": None,

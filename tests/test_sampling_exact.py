@@ -12,12 +12,13 @@ import math
 import pytest
 import torch
 
-from engine.acceptance import Verdict, target_probs, verify
-from engine.cache_full import FullCache
-from engine.drafters import ModelDrafter
-from engine.runner import LlamaRunner
-from engine.settings import DecodeSettings, Sampling
-from engine.speculative import HierarchicalDecoder
+from engine.decoding.acceptance import Verdict, target_probs, verify
+from engine.kv.full import FullCache
+from engine.decoding.drafters import ModelDrafter
+from engine.decoding.policy import Structure
+from engine.model.runner import LlamaRunner
+from engine.settings import DecodeSettings, Mode, Sampling
+from engine.decoding.speculative import HierarchicalDecoder
 from random_models import random_runner
 
 VOCAB = 12
@@ -63,18 +64,21 @@ def exact_distribution(target: LlamaRunner, first: int, steps: int) -> list[torc
     return marginals
 
 
-def triforce_samples(target: LlamaRunner, draft: LlamaRunner, first: int, steps: int, l1_rule) -> torch.Tensor:
-    """SAMPLES runs of TriForce from the same prefilled prompt; returns counts [steps, VOCAB]."""
-    settings = DecodeSettings(mode="triforce", budget=16, chunk=8, gamma1=2, gamma2=3, sampling=SAMPLING,
+def triforce_samples(target: LlamaRunner, draft: LlamaRunner, first: int, steps: int, l1_rule,
+                     mode: str = "triforce", script: list[Structure] | None = None) -> torch.Tensor:
+    """SAMPLES runs of TriForce (or `mode`, its policy scripted by `script`) from the same
+    prefilled prompt; returns counts [steps, VOCAB]."""
+    settings = DecodeSettings(mode=mode, budget=16, chunk=8, gamma1=2, gamma2=3, sampling=SAMPLING,
                               max_new_tokens=steps + 1)
     full = FullCache(2, 2, 8, 256, torch.float32, "cpu")
     full.capture_query = True
     target.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), full)
     query = list(full.last_query)
     generator = torch.Generator().manual_seed(1234)
-    drafter = ModelDrafter(draft, sinks=2, window=8, max_draft=4)
+    drafter = ModelDrafter(draft, sinks=2, window=8)
     decoder = HierarchicalDecoder(target, full, drafter, settings, generator)
     decoder.l1_verify = l1_rule
+    decoder.policy.forced = list(script) if script else None
     counts = torch.zeros(steps, VOCAB, dtype=torch.float64)
     for _ in range(SAMPLES):
         full.rollback(len(PROMPT))
@@ -140,6 +144,31 @@ def test_triforce_sampling_matches_exact_target_distribution(models):
         p_value = chi_square_p_value(counts[i], exact[i])
         tv = 0.5 * (counts[i] / SAMPLES - exact[i]).abs().sum().item()
         assert p_value > 1e-3, f"token {i + 2}: TriForce's distribution differs (p={p_value:.2e}, TV={tv:.3f})"
+
+
+# auto switching structure at every cycle, in an order that does not divide the cycle count
+SWITCHING = [Structure(Mode.TRIFORCE, 2, 3), Structure(Mode.AR), Structure(Mode.DRAFT_ONLY, 2, 1),
+             Structure(Mode.RETRIEVAL_ONLY, 1, 2), Structure(Mode.TRIFORCE, 1, 1)]
+
+
+def test_auto_switching_structure_every_cycle_matches_exact_target_distribution(models):
+    target, draft = models
+    first = 5
+    exact = exact_distribution(target, first, STEPS)
+    counts = triforce_samples(target, draft, first, STEPS, verify, mode="auto", script=SWITCHING)
+    for i in range(STEPS):
+        p_value = chi_square_p_value(counts[i], exact[i])
+        assert p_value > 1e-3, f"token {i + 2}: auto's distribution differs (p={p_value:.2e})"
+
+
+def test_auto_policy_unscripted_matches_exact_target_distribution(models):
+    target, draft = models
+    first = 5
+    exact = exact_distribution(target, first, STEPS)
+    counts = triforce_samples(target, draft, first, STEPS, verify, mode="auto")
+    for i in range(STEPS):
+        p_value = chi_square_p_value(counts[i], exact[i])
+        assert p_value > 1e-3, f"token {i + 2}: auto's distribution differs (p={p_value:.2e})"
 
 
 def test_the_test_catches_the_reference_l1_correction_bug(models):

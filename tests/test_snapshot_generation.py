@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 
 from engine.events import ChatMessage, DocumentText
-from engine.model import load_folder
-from engine.session import ChatSession
+from engine.model.loading import load_folder
+from engine.decoding.session import ChatSession
 from engine.settings import DecodeSettings
-from engine.snapshots import SnapshotStore
+from engine.store.snapshots import SnapshotStore
 from streams import answer_tokens
 
 

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from engine.errors import StoreError
-from engine.snapshots import TOKENS, SnapshotStore
+from engine.store.snapshots import TOKENS, SnapshotStore
 
 
 def kv(n_tokens: int, layers: int = 2, seed: int = 0, dtype=torch.float32) -> dict[str, torch.Tensor]:
@@ -122,7 +122,7 @@ def test_corrupt_snapshot_is_deleted_and_ignored(store, corrupt, caplog):
     tokens = list(range(80))
     path = store.save("m", tokens, kv(80))
     corrupt(path)
-    with caplog.at_level(logging.WARNING, logger="engine.snapshots"):
+    with caplog.at_level(logging.WARNING, logger="engine.store.snapshots"):
         match = store.find("m", tokens)
         assert match is None or store.load(match) is None
     assert not path.exists()
@@ -149,7 +149,7 @@ def test_lru_eviction_by_last_use(tmp_path):
 
 def test_snapshot_bigger_than_cache_is_not_saved(tmp_path, caplog):
     store = SnapshotStore(tmp_path / "snaps", max_bytes=1000)
-    with caplog.at_level(logging.WARNING, logger="engine.snapshots"):
+    with caplog.at_level(logging.WARNING, logger="engine.store.snapshots"):
         assert store.save("m", list(range(64)), kv(64)) is None
     assert "over the" in caplog.text and store.total_bytes() == 0
 

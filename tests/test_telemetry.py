@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import telemetry
-from engine.telemetry import sample_memory
+from engine.offload import telemetry
+from engine.offload.telemetry import sample_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +84,7 @@ def test_nvml_gpus_are_parsed(fake_nvml) -> None:
 
 
 def test_auto_profile_uses_detected_gpus(fake_nvml) -> None:
-    from engine.planner import device_spec
+    from engine.offload.planner import device_spec
 
     fake_nvml(_nvml_module([{"name": "NVIDIA GeForce RTX 4090", "bus": "00000000:01:00.0",
                              "total": 24564 << 20, "used": 2 << 30}]))
@@ -95,7 +95,7 @@ def test_auto_profile_uses_detected_gpus(fake_nvml) -> None:
 def test_auto_profile_plans_only_the_cards_torch_sees_in_its_order(fake_nvml, monkeypatch) -> None:
     """NVML lists every card in bus order; torch numbers only the visible ones (CUDA_VISIBLE_DEVICES,
     CUDA_DEVICE_ORDER). The plan's cuda:i must be torch's cuda:i."""
-    from engine.planner import device_spec
+    from engine.offload.planner import device_spec
 
     cards = [{"name": "card A", "bus": "00000000:01:00.0", "total": 24564 << 20, "used": 0},
              {"name": "card B", "bus": "00000000:02:00.0", "total": 24564 << 20, "used": 0},
@@ -112,5 +112,5 @@ def test_bus_id_parsing() -> None:
 
 
 def test_sampling_never_imports_torch() -> None:
-    code = "import sys; from engine.telemetry import sample_memory; sample_memory(); assert 'torch' not in sys.modules"
+    code = "import sys; from engine.offload.telemetry import sample_memory; sample_memory(); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)

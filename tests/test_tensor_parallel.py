@@ -1,4 +1,4 @@
-"""Tensor parallel (engine/runner_tp.py, engine/cache_sharded.py) with the CPU standing in for
+"""Tensor parallel (engine/model/runner_tp.py, engine/kv/sharded.py) with the CPU standing in for
 every card: the same numbers as one card up to float rounding, lossless decoding on top of it,
 offloaded shares bit-identical to resident ones, and a planner plan driving the whole load."""
 from __future__ import annotations
@@ -8,18 +8,18 @@ import dataclasses
 import pytest
 import torch
 
-from engine.cache_full import FullCache
-from engine.cache_offload import OffloadedCache
-from engine.cache_sharded import ShardedFullCache, ShardedRetrievalCache
+from engine.kv.full import FullCache
+from engine.kv.offload import OffloadedCache
+from engine.kv.sharded import ShardedFullCache, ShardedRetrievalCache
 from engine.errors import InvalidSettingError
 from engine.events import ChatMessage, DocumentText
-from engine.model import load_folder
-from engine.model_shape import ModelShape
-from engine.placement import Placement
-from engine.planner import DeviceSpec, GpuSpec, plan_placement
-from engine.runner import LlamaRunner, read_safetensors
-from engine.runner_tp import TensorParallelRunner, plan_shards, split_evenly
-from engine.session import ChatSession
+from engine.model.loading import load_folder
+from engine.offload.shapes import ModelShape
+from engine.model.placement import Placement
+from engine.offload.planner import DeviceSpec, GpuSpec, plan_placement
+from engine.model.runner import LlamaRunner, read_safetensors
+from engine.model.runner_tp import TensorParallelRunner, plan_shards, split_evenly
+from engine.decoding.session import ChatSession
 from engine.settings import DecodeSettings
 from streams import answer_tokens
 from test_lossless import assert_identical_or_near_tie
@@ -64,7 +64,7 @@ def test_logits_and_kv_match_one_card(tiny_model_dir, arch, overrides, cards):
 
 
 def test_shards_follow_kv_head_groups():
-    from engine.runner import Architecture
+    from engine.model.runner import Architecture
 
     arch = Architecture("llama", 10, 64, 2, 8, 4, 8, 96, 1e-5, False, False, 512)
     shards = plan_shards(arch, ["cpu", "cpu"])

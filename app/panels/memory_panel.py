@@ -1,6 +1,6 @@
 """Memory: per-GPU VRAM (all processes, and this one), system RAM and this process's RSS.
 
-Samples come from `engine.telemetry.sample_memory()` on a small sampler thread (NVML calls
+Samples come from `engine.offload.telemetry.sample_memory()` on a small sampler thread (NVML calls
 can take milliseconds; the GUI thread never waits on them), twice a second.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ SAMPLE_INTERVAL_MS = 500
 
 
 def _sample() -> Any:
-    from engine.telemetry import sample_memory
+    from engine.offload.telemetry import sample_memory
     return sample_memory()
 
 
@@ -101,7 +101,7 @@ class MemoryPanel(Card):
         self._thread = None
 
     def update_sample(self, s: Any) -> None:
-        """Show one `engine.telemetry.MemorySample`."""
+        """Show one `engine.offload.telemetry.MemorySample`."""
         self.last_sample = s
         gpus = list(s.gpus)
         self.no_gpu.setVisible(not gpus)

@@ -29,8 +29,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.bench import format_report, run_bench
-    from engine.model import load_model
+    from engine.tools.bench import format_report, run_bench
+    from engine.model.loading import load_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in ALL_METHODS]
@@ -45,13 +45,13 @@ def run(args: argparse.Namespace) -> int:
 
         text = read_document(args.doc).text
     else:
-        from engine.sample_text import sample_text
+        from engine.tools.sample_text import sample_text
 
         text = sample_text("hamlet")
     model = load_model(args.model, device=args.device)
     draft = args.draft if args.draft in ("ngram", "none") else load_model(args.draft, device=args.device)
     if args.workload == "reopen":
-        from engine.bench import run_reopen_bench
+        from engine.tools.bench import run_reopen_bench
 
         report = run_reopen_bench(model, text, contexts[0], args.repeats,
                                   log=lambda m: print(m, file=sys.stderr, flush=True))

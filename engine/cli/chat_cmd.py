@@ -82,8 +82,8 @@ def _load_conversation(args, store):
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.chat_store import ChatStore
-    from engine.model_store import resolve_model
+    from engine.store.chats import ChatStore
+    from engine.store.models import resolve_model
 
     if args.max_new_tokens < 1:
         raise InvalidSettingError(f"--max-new-tokens {args.max_new_tokens} is out of range: use 1 or more")
@@ -99,10 +99,10 @@ def run(args: argparse.Namespace) -> int:
     # resolve specs before importing torch/transformers, so a wrong spec fails in a blink
     target_folder = resolve_model(args.model, progress=_progress_printer(args))
     draft_folder = None if args.draft in ("ngram", "none") else resolve_model(args.draft)
-    from engine.model import load_folder, load_tokenizer
-    from engine.placement import Placement, plan_for_folders
-    from engine.prompt import render_tokens
-    from engine.session import ChatSession
+    from engine.model.loading import load_folder, load_tokenizer
+    from engine.model.placement import Placement, plan_for_folders
+    from engine.decoding.prompt import render_tokens
+    from engine.decoding.session import ChatSession
 
     tokenizer = load_tokenizer(target_folder.path)  # the prompt's length sizes the plan and the cache
     prompt_len = len(render_tokens(tokenizer, messages, documents, args.system))
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         draft = args.draft if draft_folder is None else load_folder(draft_folder, device=args.device)
     snapshots = None
     if not args.no_snapshot:
-        from engine.snapshots import SnapshotStore
+        from engine.store.snapshots import SnapshotStore
 
         snapshots = SnapshotStore()
     session = ChatSession(target, settings, draft=draft, capacity=capacity, snapshots=snapshots, plan=plan)

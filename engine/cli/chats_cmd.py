@@ -12,7 +12,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from engine.chat_store import ChatStore, ChatSummary
+from engine.store.chats import ChatStore, ChatSummary
 from engine.errors import StoreError
 
 

@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from engine.gpu_check import format_table, run_check, write_json
+    from engine.tools.gpu_check import format_table, run_check, write_json
 
     contexts = None
     if args.contexts:

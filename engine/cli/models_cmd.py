@@ -8,9 +8,9 @@ import argparse
 import json
 import sys
 
-from engine import model_store
+from engine.store import models as model_store
 from engine.errors import ModelNotFoundError
-from engine.presets import BUNDLED_ID, PRESETS
+from engine.store.presets import BUNDLED_ID, PRESETS
 
 
 def register(subparsers) -> None:

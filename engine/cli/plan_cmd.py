@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 
 from engine.errors import OutOfMemoryPlanError
-from engine.model_shape import shape_for
-from engine.planner import DEFAULT_HEADROOM, GiB, PROFILES, describe, device_spec, plan_placement
-from engine.presets import find_preset
+from engine.offload.shapes import shape_for
+from engine.offload.planner import DEFAULT_HEADROOM, GiB, PROFILES, describe, device_spec, plan_placement
+from engine.store.presets import find_preset
 from engine.settings import MODES, DecodeSettings
 
 

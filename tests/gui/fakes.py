@@ -118,7 +118,7 @@ class FakeSession:
 
 
 class LoadCancelled(Exception):
-    """Like engine.model_store.ResolveCancelled."""
+    """Like engine.store.models.ResolveCancelled."""
 
 
 class FakeBackend:

@@ -128,7 +128,7 @@ def test_stop_mid_answer_keeps_partial_and_app_usable(qtbot, make_window, tiny_m
 def test_budget_slider_reaches_the_engine_at_next_rebuild(qtbot, make_window, tiny_model, sample_text, tmp_path):
     window = make_window(tiny_model)
     panel = window.settings_panel
-    session = window.engine.session()
+    session = window.engine.decoding.session()
     context = window.model.max_context
     chunk = panel.settings().chunk
     # the slider can only make valid budgets: whole chunks, at most the context
@@ -239,12 +239,12 @@ def test_backend_loads_weights_and_kv_where_a_two_card_plan_says(tiny_model_dir)
     import dataclasses
 
     from app.worker import EngineBackend
-    from engine.cache_sharded import ShardedFullCache
+    from engine.kv.sharded import ShardedFullCache
     from engine.events import ChatMessage
-    from engine.model import load_folder
-    from engine.model_shape import ModelShape
-    from engine.planner import DeviceSpec, GpuSpec, plan_placement
-    from engine.runner_tp import TensorParallelRunner
+    from engine.model.loading import load_folder
+    from engine.offload.shapes import ModelShape
+    from engine.offload.planner import DeviceSpec, GpuSpec, plan_placement
+    from engine.model.runner_tp import TensorParallelRunner
     from engine.settings import DecodeSettings
 
     folder = tiny_model_dir("llama", num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4,

@@ -27,6 +27,14 @@ the logic is tested on any machine.
 Copies go per KV head: head h's first `length` rows are contiguous in a [Hkv, capacity, D]
 buffer, so each copy is one contiguous block (a strided prefix of the whole layer is not, and
 torch would stage it through pageable memory, synchronously).
+
+Hybrid offload (`cpu_heads`): for a decode or verification forward (at most HYBRID_MAX_NEW new
+tokens) an offloaded layer's first `cpu_heads[layer]` KV heads are attended on the CPU, where
+their K/V live (engine/kv/cpu_attention.py): their new q/k/v go down, the output comes back.
+Only the other heads are staged over PCIe. The streamed heads' attention is launched on the card
+first, so the card and the side stream's copies run while the CPU attends. Prefill streams every
+head (its attention is compute-heavy). The split is the planner's (sized so the CPU and the link
+finish together).
 """
 from __future__ import annotations
 
@@ -35,14 +43,16 @@ from typing import Callable, Sequence
 
 import torch
 
-from engine.attention import gqa_attention
-from engine.cache_full import FullCache
-from engine.cache_base import KVCache
+from engine.kv.attention import gqa_attention
+from engine.kv.cpu_attention import cpu_gqa_attention
+from engine.kv.full import FullCache
+from engine.kv.base import KVCache
 from engine.errors import InvalidSettingError
 from engine.events import CacheStats
-from engine.rope import Rotary, rotate
+from engine.kv.rope import Rotary, rotate
 
 STAGING_SLOTS = 2
+HYBRID_MAX_NEW = 33  # decode and verification forwards (gamma2 + 1 <= 33); prefill chunks stream
 
 
 def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> torch.Tensor:
@@ -113,6 +123,8 @@ class OffloadedCache(FullCache):
     prefetch: False copies each offloaded layer only when it is reached (the serial, no-overlap
     variant gpu-check compares against). prefetch_between: restage the first offloaded layers
     right after a forward (while the lower levels draft).
+    cpu_heads: KV heads of each offloaded layer attended on the CPU in decode/verification
+    forwards (hybrid offload): an int for every offloaded layer, or {layer: heads}.
     """
 
     name = "full"
@@ -120,7 +132,7 @@ class OffloadedCache(FullCache):
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
                  device: torch.device | str, offloaded: Sequence[int] = (), *,
                  layer_devices: Sequence[torch.device | str] | None = None, prefetch: bool = True,
-                 prefetch_between: bool = True) -> None:
+                 prefetch_between: bool = True, cpu_heads: int | dict[int, int] | None = None) -> None:
         KVCache.__init__(self, capacity, dtype, torch.device(device))
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         devices = [torch.device(d) for d in layer_devices] if layer_devices else [self.device] * n_layers
@@ -133,6 +145,11 @@ class OffloadedCache(FullCache):
             raise InvalidSettingError(f"offloaded layers {self.offloaded} out of range 0..{n_layers - 1}")
         self.prefetch, self.prefetch_between = prefetch, prefetch_between
         off = set(self.offloaded)
+        split = cpu_heads if isinstance(cpu_heads, dict) else {i: int(cpu_heads or 0) for i in off}
+        if any(i not in off or not 0 <= c <= n_kv_heads for i, c in split.items()):
+            raise InvalidSettingError(f"cpu_heads {split} must name offloaded layers and 0..{n_kv_heads} heads each")
+        self.cpu_heads = {i: int(c) for i, c in split.items() if c}  # layer -> KV heads attended on the CPU
+        self._hybrid = False  # the forward in progress splits heads (decode/verification)
         pin = torch.cuda.is_available() and any(devices[i].type == "cuda" for i in off)
         shape = (n_kv_heads, capacity, head_dim)
         self.keys, self.values = [], []
@@ -151,7 +168,7 @@ class OffloadedCache(FullCache):
         self._lanes: dict[torch.device, _Lane] = {}
         self._stage_k: dict[torch.device, list[torch.Tensor]] = {}
         self._stage_v: dict[torch.device, list[torch.Tensor]] = {}
-        self._staged: dict[torch.device, list[tuple[int, int] | None]] = {}  # slot -> (layer, valid prefix)
+        self._staged: dict[torch.device, list[tuple[int, int, int] | None]] = {}  # slot -> (layer, prefix, first head)
         for d, layers in self._order.items():
             slots = min(STAGING_SLOTS, len(layers))
             self._lanes[d] = _Lane(d, slots)
@@ -162,10 +179,16 @@ class OffloadedCache(FullCache):
         self.last_query: list[torch.Tensor | None] = [None] * n_layers
         self._written: dict[int, torch.cuda.Event] = {}  # layer -> its last write-back done (CUDA)
         self.copied_bytes = 0  # host-to-device bytes issued (tests and gpu-check count them)
+        self.cpu_attended_bytes = 0  # K/V bytes the CPU attended where they live (hybrid)
 
     # --- copies --------------------------------------------------------------------------------
+    def _first_streamed(self, layer: int) -> int:
+        """The first KV head this forward streams for `layer` (heads before it are attended on the CPU)."""
+        return self.cpu_heads.get(layer, 0) if self._hybrid else 0
+
     def _fetch(self, layer: int, upto: int, record: bool = True) -> None:
-        """Stage layer's first `upto` tokens into its slot (side stream), unless the slot holds them.
+        """Stage layer's first `upto` tokens of its streamed heads into its slot (side stream),
+        unless the slot holds them.
 
         The slot's ready event is recorded on the side stream after the copy, and so after the
         write-back of the slot's previous tokens: the compute stream waits on it before it writes
@@ -175,7 +198,8 @@ class OffloadedCache(FullCache):
         slot = j % len(self._staged[d])
         held = self._staged[d][slot]
         lane = self._lanes[d]
-        if held is not None and held[0] == layer and held[1] >= upto:
+        first = self._first_streamed(layer)
+        if held is not None and held[0] == layer and held[1] >= upto and held[2] <= first:
             if record:
                 with lane.side():
                     lane.copied(slot)
@@ -183,21 +207,22 @@ class OffloadedCache(FullCache):
         dst_k, dst_v = self._stage_k[d][slot], self._stage_v[d][slot]
         src_k, src_v = self.keys[layer], self.values[layer]
         with lane.side():
-            for h in range(self.n_kv_heads if upto else 0):
+            for h in range(first, self.n_kv_heads if upto else first):
                 dst_k[h, :upto].copy_(src_k[h, :upto], non_blocking=True)
                 dst_v[h, :upto].copy_(src_v[h, :upto], non_blocking=True)
             lane.copied(slot)
-        self.copied_bytes += 2 * self.n_kv_heads * upto * self.head_dim * src_k.element_size()
-        self._staged[d][slot] = (layer, upto)
+        self.copied_bytes += 2 * (self.n_kv_heads - first) * upto * self.head_dim * src_k.element_size()
+        self._staged[d][slot] = (layer, upto, first)
 
-    def _writeback(self, layer: int, slot: int, start: int, stop: int) -> None:
-        """New tokens' K/V from the staging slot to the CPU buffers, after the attention on the slot."""
+    def _writeback(self, layer: int, slot: int, start: int, stop: int, first: int = 0) -> None:
+        """New tokens' K/V of heads first.. from the staging slot to the CPU buffers, after the
+        attention on the slot."""
         d = self._rank[layer][0]
         lane = self._lanes[d]
         lane.side_waits_for_compute(slot)
         src_k, src_v = self._stage_k[d][slot], self._stage_v[d][slot]
         with lane.side():
-            for h in range(self.n_kv_heads):
+            for h in range(first, self.n_kv_heads):
                 self.keys[layer][h, start:stop].copy_(src_k[h, start:stop], non_blocking=True)
                 self.values[layer][h, start:stop].copy_(src_v[h, start:stop], non_blocking=True)
             if lane.cuda:
@@ -218,6 +243,7 @@ class OffloadedCache(FullCache):
     # --- the forward protocol ------------------------------------------------------------------
     def _prepare(self, positions: torch.Tensor, rope: Rotary) -> None:
         super()._prepare(positions, rope)
+        self._hybrid = bool(self.cpu_heads) and self._new <= HYBRID_MAX_NEW
         if self.prefetch:
             self._stage_first()
 
@@ -236,14 +262,31 @@ class OffloadedCache(FullCache):
         slots = len(self._staged[d])
         slot = j % slots
         lane = self._lanes[d]
-        self._fetch(layer, start, record=not self.prefetch)  # no-op when prefetched; the serial variant copies here
-        lane.compute_waits_for_copy(slot)
-        buf_k, buf_v = self._stage_k[d][slot], self._stage_v[d][slot]
-        buf_k[:, start:stop] = k
-        buf_v[:, start:stop] = v
-        out = gqa_attention(q, buf_k[:, :stop], buf_v[:, :stop], mask)
-        self._staged[d][slot] = (layer, stop)
-        self._writeback(layer, slot, start, stop)
+        first = self._first_streamed(layer)
+        group = q.shape[0] // self.n_kv_heads
+        on_cpu = None
+        if first:  # hybrid: heads [0, first) are attended where their K/V live
+            self._wait_written(layer)  # a pending write-back to these buffers must land first
+            down = torch.cat([q[:first * group].flatten(), k[:first].flatten(), v[:first].flatten()]).to("cpu")
+            cq, ck, cv = down.split([first * group * q.shape[1] * q.shape[2], k[:first].numel(), k[:first].numel()])
+            self.keys[layer][:first, start:stop] = ck.view_as(k[:first])
+            self.values[layer][:first, start:stop] = cv.view_as(v[:first])
+        out = None
+        if first < self.n_kv_heads:
+            self._fetch(layer, start, record=not self.prefetch)  # no-op when prefetched; the serial variant copies here
+            lane.compute_waits_for_copy(slot)
+            buf_k, buf_v = self._stage_k[d][slot], self._stage_v[d][slot]
+            buf_k[first:, start:stop] = k[first:]
+            buf_v[first:, start:stop] = v[first:]
+            out = gqa_attention(q[first * group:], buf_k[first:, :stop], buf_v[first:, :stop], mask)  # launched, async
+            self._staged[d][slot] = (layer, stop, first)
+            self._writeback(layer, slot, start, stop, first)
+        if first:  # the CPU attends while the card and the side stream work
+            k_held, v_held = self.keys[layer][:first, :stop], self.values[layer][:first, :stop]  # [c, S, D]
+            on_cpu = cpu_gqa_attention(cq.view(first * group, *q.shape[1:]), k_held, v_held)
+            self.cpu_attended_bytes += 2 * k_held.numel() * k_held.element_size()
+            on_cpu = on_cpu.to(q.device)
+            out = on_cpu if out is None else torch.cat([on_cpu, out])  # [Hq, T, D], heads in order
         order = self._order[d]
         if self.prefetch and j + slots < len(order):
             self._fetch(order[j + slots], start)  # the layer that uses this slot next, one slot ahead
@@ -251,17 +294,22 @@ class OffloadedCache(FullCache):
 
     def end(self) -> None:
         super().end()
+        self._hybrid = bool(self.cpu_heads)  # the next forward is most likely a decode/verification
         if self.prefetch and self.prefetch_between:
             self._stage_first()
+
+    def _wait_written(self, layer: int) -> None:
+        """Block until this layer's last write-back to its CPU buffers has landed (CUDA)."""
+        written = self._written.pop(layer, None)
+        if written is not None:
+            written.synchronize()
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def layer_kv(self, layer: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views [Hkv, stop-start, D]: on the layer's card if resident, CPU views if offloaded
         (callers copy what they need to their device). Waits only for this layer's last
         write-back, not for prefetches in flight."""
-        written = self._written.pop(layer, None)
-        if written is not None:
-            written.synchronize()
+        self._wait_written(layer)
         return self.keys[layer][:, start:stop], self.values[layer][:, start:stop]
 
     def load_prefix(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -287,6 +335,8 @@ class OffloadedCache(FullCache):
         detail = (f"{len(self.offloaded)} of {self.n_layers} layers offloaded to "
                   f"{'pinned ' if self.keys[self.offloaded[0]].is_pinned() else ''}CPU memory"
                   if self.offloaded else "all layers resident")
+        if self.cpu_heads:
+            detail += f"; hybrid: {sum(self.cpu_heads.values())} KV heads attended on the CPU"
         return CacheStats(self.name, self.length, self.capacity, self.nbytes_used(), self.nbytes_reserved(),
                           where, detail)
 

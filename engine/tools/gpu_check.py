@@ -58,7 +58,7 @@ class NoCudaError(UserError):
 def preset_config(repo_id: str, tiny: bool):
     from transformers import AutoConfig
 
-    from engine.presets import shipped_config
+    from engine.store.presets import shipped_config
 
     cfg = dict(shipped_config(repo_id))
     if tiny:
@@ -104,7 +104,7 @@ class RandomState(Mapping):
 
 
 def build_runner(repo_id: str, device: torch.device, dtype: torch.dtype, tiny: bool, max_positions: int):
-    from engine.runner import LlamaRunner
+    from engine.model.runner import LlamaRunner
 
     config = preset_config(repo_id, tiny)
     return LlamaRunner(config, RandomState(config, device, dtype), device, dtype, max_positions=max_positions)
@@ -158,9 +158,9 @@ def pinned_bandwidth(timer: Timer, nbytes: int) -> dict:
 
 # --- the measurements ------------------------------------------------------------------------
 def measure_context(target, timer: Timer, context: int, pinned_gbs: float, log: Callable[[str], None]) -> dict:
-    from engine.cache_full import FullCache
-    from engine.cache_offload import OffloadedCache
-    from engine.cache_retrieval import RetrievalCache
+    from engine.kv.full import FullCache
+    from engine.kv.offload import OffloadedCache
+    from engine.kv.retrieval import RetrievalCache
 
     a, device, dtype = target.arch, target.device, target.dtype
     gen = torch.Generator(device=device).manual_seed(context)
@@ -260,7 +260,7 @@ def measure_long_compute(target, timer: "Timer", full, off, held: int, pinned_gb
     every layer's KV offloaded (prefetch vs serial) and on-chip. A decode-sized verification
     computes ~0.5 ms per layer against ~10 ms of copy at 128K, so there is little to hide there;
     a long document's prefill chunk computes about as long as the copy."""
-    from engine.session import prefill_chunk_for
+    from engine.decoding.session import prefill_chunk_for
 
     n = min(prefill_chunk_for(target.device) if target.device.type == "cuda" else 32, held // 2)
     start = held - n
@@ -294,7 +294,7 @@ def measure_tensor_parallel(timer: Timer, devices: list[torch.device], dtype: to
     per all-reduce) and L2 with the target split across `devices` (tensor parallel, KV on-chip),
     to set beside the same forward on one card. With both shares on one card this measures
     tensor parallel's overhead (twice the launches, the hops), not its gain."""
-    from engine.runner_tp import TensorParallelRunner
+    from engine.model.runner_tp import TensorParallelRunner
 
     config = preset_config(TARGET, tiny)
     x = torch.randn(1, config.hidden_size, dtype=dtype, device=devices[0])
@@ -336,7 +336,7 @@ def measure_tensor_parallel(timer: Timer, devices: list[torch.device], dtype: to
 
 
 def measure_draft(timer: Timer, device: torch.device, dtype: torch.dtype, tiny: bool) -> dict:
-    from engine.cache_streaming import StreamingCache
+    from engine.kv.streaming import StreamingCache
 
     draft = build_runner(DRAFT, device, dtype, tiny, 4096)
     a = draft.arch
@@ -370,8 +370,8 @@ def compose(l0: float, l1: float, l2: float) -> dict:
 
 def model_paper_setting(eff_hbm: float, eff_pcie: float) -> dict:
     """Llama-2-7B-128K at 127K on the planner's 4090s, bandwidths derated by measured efficiency."""
-    from engine.model_shape import shape_for
-    from engine.planner import RTX_4090, Acceptance, device_spec, plan_placement
+    from engine.offload.shapes import shape_for
+    from engine.offload.planner import RTX_4090, Acceptance, device_spec, plan_placement
     from engine.settings import DecodeSettings
 
     settings = DecodeSettings(gamma1=GAMMA1, gamma2=GAMMA2, budget=BUDGET, chunk=CHUNK)
@@ -461,7 +461,7 @@ def _peak_bandwidth_gbs(dev: torch.device) -> float | None:
     if dev.type != "cuda":
         return None
     try:
-        from engine import telemetry
+        from engine.offload import telemetry
 
         gpus = telemetry.sample_memory().gpus
         name = torch.cuda.get_device_name(dev)

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from engine import paths
+from engine.store import paths
 from engine.errors import StoreError
 from engine.events import DocumentText
 

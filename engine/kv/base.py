@@ -7,7 +7,7 @@ import torch
 
 from engine.errors import ContextOverflowError
 from engine.events import CacheStats
-from engine.rope import Rotary
+from engine.kv.rope import Rotary
 
 
 class KVCache:

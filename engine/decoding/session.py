@@ -16,16 +16,16 @@ from typing import Iterator, Sequence
 
 import torch
 
-from engine.acceptance import sample_token
-from engine.detokenize import StreamingText
-from engine.drafters import ModelDrafter, NgramDrafter, NoDrafter, common_prefix
+from engine.decoding.acceptance import sample_token
+from engine.decoding.detokenize import StreamingText
+from engine.decoding.drafters import ModelDrafter, NgramDrafter, NoDrafter, common_prefix
 from engine.errors import ContextOverflowError, InvalidSettingError, UserError
 from engine.events import (ChatMessage, DocumentText, Event, Finished, FinishReason, Level, Metrics,
                            PrefillProgress, TokenText)
-from engine.model import LoadedModel
-from engine.prompt import render_tokens
-from engine.settings import DecodeSettings
-from engine.speculative import HierarchicalDecoder
+from engine.model.loading import LoadedModel
+from engine.decoding.prompt import render_tokens
+from engine.settings import DecodeSettings, Mode
+from engine.decoding.speculative import HierarchicalDecoder
 
 METRICS_EVERY_S = 0.25
 
@@ -53,7 +53,7 @@ class ChatSession:
         settings.validate(self.max_capacity)
         self._settings = settings
         if cache_factory is None and plan is not None:
-            from engine.cache_offload import cache_factory_for_plan
+            from engine.kv.offload import cache_factory_for_plan
 
             cache_factory = cache_factory_for_plan(plan)
         self._cache_factory = cache_factory or (lambda runner, size: runner.new_full_cache(size))
@@ -78,7 +78,7 @@ class ChatSession:
                 return NoDrafter()
             raise InvalidSettingError(f"draft {draft!r} is unknown: use a model, 'ngram' or 'none'")
         ModelDrafter.check_compatible(self.target.tokenizer, draft.tokenizer)
-        return ModelDrafter(draft.runner, s.draft_sinks, s.draft_window, max_draft=16)
+        return ModelDrafter(draft.runner, s.draft_sinks, s.draft_window)
 
     @property
     def settings(self) -> DecodeSettings:
@@ -92,7 +92,7 @@ class ChatSession:
         self.decoder.settings = settings
         if isinstance(self.drafter, ModelDrafter) and (old.draft_sinks, old.draft_window) != (
                 settings.draft_sinks, settings.draft_window):
-            self.drafter = ModelDrafter(self.drafter.runner, settings.draft_sinks, settings.draft_window, 16)
+            self.drafter = ModelDrafter(self.drafter.runner, settings.draft_sinks, settings.draft_window)
             self.decoder.drafter = self.drafter
 
     def set_draft(self, draft: LoadedModel | str) -> None:
@@ -348,10 +348,11 @@ class ChatSession:
         decode_s = now - first_at if first_at else None
         stats = self.decoder.stats
         caches = [self.full.stats()]
-        if self.decoder.retrieval is not None and self._settings.mode in ("triforce", "retrieval-only"):
+        mode = Mode.of(self._settings.mode)
+        if self.decoder.retrieval is not None and mode.uses_l1:
             r = self.decoder.retrieval
             caches.append(dataclasses.replace(r.stats(), detail=f"budget {r.budget}, chunk {r.chunk}"))
-        draft_stats = self.drafter.cache_stats() if self._settings.mode in ("triforce", "draft-only") else None
+        draft_stats = self.drafter.cache_stats() if mode.uses_l0 else None
         if draft_stats is not None:
             caches.append(draft_stats)
         s = self.decoder.settings  # what actually ran (auto-tuning may have changed gammas/budget)
@@ -369,6 +370,7 @@ class ChatSession:
             retrieval_rebuilds=self.decoder.rebuilds,
             settings_summary=f"{s.mode} budget={s.budget} chunk={s.chunk} g1={s.gamma1} g2={s.gamma2} "
                              f"draft={getattr(self.drafter, 'name', '?')}{' auto' if s.auto else ''}",
+            **self.decoder.choice_metrics(),
         )
         self._last_metrics = metrics
         return metrics

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import causal_mask, gqa_attention
-from engine.cache_base import KVCache
-from engine.rope import Rotary, rotate
+from engine.kv.attention import causal_mask, gqa_attention
+from engine.kv.base import KVCache
+from engine.kv.retrieval import RetrievalCache
+from engine.kv.rope import Rotary, rotate
 
 
 class FullCache(KVCache):
@@ -50,8 +51,6 @@ class FullCache(KVCache):
 
     def retrieval(self, n_heads: int, budget: int, chunk: int, headroom: int):
         """A new L1 retrieval cache over this cache (a sharded full cache returns a sharded one)."""
-        from engine.cache_retrieval import RetrievalCache  # imports this module
-
         return RetrievalCache(self, n_heads, budget, chunk, headroom)
 
     # --- used by the retrieval cache and snapshots ---------------------------------------------

@@ -8,18 +8,22 @@ from L2's, so its K/V would drift).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from engine.attention import causal_mask, gqa_attention
-from engine.cache_base import KVCache
-from engine.cache_full import FullCache
-from engine.rope import Rotary, rotate
+from engine.kv.attention import causal_mask, gqa_attention
+from engine.kv.base import KVCache
+from engine.kv.rope import Rotary, rotate
+
+if TYPE_CHECKING:  # the full cache builds this one (FullCache.retrieval): no import cycle at run time
+    from engine.kv.full import FullCache
 
 
 class RetrievalCache(KVCache):
     name = "retrieval"
 
-    def __init__(self, full: FullCache, n_heads: int, budget: int, chunk: int, headroom: int) -> None:
+    def __init__(self, full: "FullCache", n_heads: int, budget: int, chunk: int, headroom: int) -> None:
         """headroom: slots after the budget for recent tokens and speculation before a rebuild is forced."""
         super().__init__(budget + headroom, full.dtype, full.device)
         self.full, self.n_heads = full, n_heads

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelFormatError, ModelNotFoundError
-from engine.presets import shipped_config
+from engine.store.presets import shipped_config
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8}
 

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from engine.errors import ModelFormatError
-from engine.runner import LlamaRunner, read_safetensors
+from engine.model.runner import LlamaRunner, read_safetensors
 
 Progress = Callable[[str, float | None], None]
 
@@ -19,7 +19,7 @@ Progress = Callable[[str, float | None], None]
 class LoadedModel:
     """A target or draft model: weights in a runner, its tokenizer, and where it came from."""
 
-    folder: object  # engine.model_store.ModelFolder
+    folder: object  # engine.store.models.ModelFolder
     config: object
     tokenizer: object
     runner: LlamaRunner  # or a TensorParallelRunner: the same interface
@@ -76,7 +76,7 @@ def load_folder(folder_info, device: str = "auto", max_positions: int | None = N
                 placement=None) -> LoadedModel:
     """Load a resolved model folder (anything with `.path`, or a plain path).
 
-    placement: an `engine.placement.Placement` (from a planner plan): the weights go to its
+    placement: an `engine.model.placement.Placement` (from a planner plan): the weights go to its
     card(s), as one card, a layer split or tensor parallel; `device` then only picks the dtype."""
     path = Path(getattr(folder_info, "path", folder_info))
     if not (path / "config.json").is_file():
@@ -96,7 +96,7 @@ def load_model(spec: str, device: str = "auto", progress: Progress | None = None
                cancel: Callable[[], bool] | None = None, max_positions: int | None = None,
                placement=None) -> LoadedModel:
     """Resolve a spec (bundled, hub repo id, folder, .gguf) and load it."""
-    from engine.model_store import resolve_model
+    from engine.store.models import resolve_model
 
     folder = resolve_model(spec, progress=progress, cancel=cancel)
     if progress:

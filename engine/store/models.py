@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
-from engine.paths import model_cache_dir
-from engine.presets import BUNDLED_ID, find_preset
+from engine.store.paths import model_cache_dir
+from engine.store.presets import BUNDLED_ID, find_preset
 
 Progress = Callable[[str, float | None], None]
 Cancel = Callable[[], bool]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from engine import paths
+from engine.store import paths
 from engine.errors import StoreError
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from engine.events import ChatMessage, DocumentText, Finished, TokenText
-from engine.model import LoadedModel
-from engine.session import ChatSession
+from engine.model.loading import LoadedModel
+from engine.decoding.session import ChatSession
 from engine.settings import DecodeSettings
 
 OUR_METHODS = ("triforce", "ar", "retrieval-only", "draft-only")
@@ -41,7 +41,7 @@ def build_prompt(model: LoadedModel, text: str, context: int, workload: str) -> 
     ids = tok(text, add_special_tokens=False)["input_ids"]
     if workload == "continue":
         return ids[:context]
-    from engine.prompt import render_tokens
+    from engine.decoding.prompt import render_tokens
 
     overhead = len(render_tokens(tok, [ChatMessage("user", QA_QUESTION)], [DocumentText("Hamlet", "")]))
     passage = tok.decode(ids[:max(16, context - overhead)])
@@ -161,7 +161,7 @@ def run_reopen_bench(model: LoadedModel, text: str, context: int, repeats: int =
     prefilled-book snapshot (a fresh session each time, as when the app reopens the chat)."""
     import tempfile
 
-    from engine.snapshots import SnapshotStore
+    from engine.store.snapshots import SnapshotStore
 
     prompt = build_prompt(model, text, context, "qa")
     settings = DecodeSettings(mode="ar", max_new_tokens=1)

@@ -15,10 +15,10 @@ from typing import Sequence
 
 import torch
 
-from engine.cache_base import KVCache
-from engine.cache_full import FullCache
+from engine.kv.base import KVCache
+from engine.kv.full import FullCache
 from engine.events import CacheStats
-from engine.rope import Rotary
+from engine.kv.rope import Rotary
 
 
 class _ShardedCache(KVCache):

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import causal_mask, gqa_attention
-from engine.cache_base import KVCache
-from engine.rope import Rotary, rotate
+from engine.kv.attention import causal_mask, gqa_attention
+from engine.kv.base import KVCache
+from engine.kv.rope import Rotary, rotate
 
 
 class StreamingCache(KVCache):

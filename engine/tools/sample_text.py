@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SAMPLE_DIR = Path(__file__).resolve().parent.parent / "resources" / "sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[2] / "resources" / "sample"
 PLAYS = ("hamlet", "macbeth")
 
 

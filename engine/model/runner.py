@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from engine.cache_base import KVCache
-from engine.cache_full import FullCache
+from engine.kv.base import KVCache
+from engine.kv.full import FullCache
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.rope import Rotary
+from engine.kv.rope import Rotary
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 
@@ -186,7 +186,7 @@ class LlamaRunner:
         a = self.arch
         if not offloaded and not options and all(d == self.device for d in self.layer_devices):
             return FullCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.dtype, self.device)
-        from engine.cache_offload import OffloadedCache
+        from engine.kv.offload import OffloadedCache
 
         return OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.dtype, self.device, offloaded,
                               layer_devices=self.layer_devices, **options)

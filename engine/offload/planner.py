@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import (ContextOverflowError, IncompatibleDraftError, InvalidSettingError,
                            OutOfMemoryPlanError)
-from engine.model_shape import ModelShape
+from engine.offload.shapes import ModelShape
 from engine.settings import DecodeSettings
 
 MiB = 1 << 20
@@ -32,8 +32,8 @@ DEFAULT_CPU_HEADROOM = 2 * GiB  # kept free in RAM for the app and the OS
 PROFILES = ("cpu", "4090", "4090x2", "auto")
 STAGING_SLOTS = 2  # GPU buffers of one layer's KV each: copy layer i+1 while layer i computes
 SCORE_PIECE_TOKENS = 16384  # RetrievalCache.SCORE_PIECE: offloaded keys come to the card in pieces to be scored
-# Built placements: one card, layers split across cards (engine/cache_offload.py, the runner's
-# layer_devices) and tensor parallel (engine/runner_tp.py, engine/cache_sharded.py). The plan
+# Built placements: one card, layers split across cards (engine/kv/offload.py, the runner's
+# layer_devices) and tensor parallel (engine/model/runner_tp.py, engine/kv/sharded.py). The plan
 # picks the lowest floor among them; plan_placement(tensor_parallel=False) rules TP out.
 TENSOR_PARALLEL_BUILT = True
 
@@ -72,7 +72,7 @@ def device_spec(name: str, ram_bytes: int | None = None) -> DeviceSpec:
     The GPU profiles describe a workstation with 128 GiB of RAM (8 GiB kept for the OS and
     desktop) unless `ram_bytes` says otherwise; `cpu` and `auto` measure this machine.
     """
-    from engine import telemetry
+    from engine.offload import telemetry
 
     if name in ("4090", "4090x2"):
         ram = ram_bytes or 128 * GiB
@@ -383,16 +383,14 @@ def _budget(settings: DecodeSettings, context_tokens: int) -> int:
 
 
 def _retrieval_capacity(settings: DecodeSettings, budget: int) -> int:
-    """Slots RetrievalCache allocates: the budget plus room for recent and speculated tokens
-    (mirrors HierarchicalDecoder._headroom in engine/speculative.py)."""
-    spec = (settings.gamma2 + settings.gamma1 + 2) * 2
-    return budget + max(2 * settings.chunk + spec, settings.rebuild_stride + spec, 128)
+    """Slots RetrievalCache allocates: the budget plus the settings' headroom (the decoder asks the
+    same method)."""
+    return budget + settings.retrieval_headroom()
 
 
 def _draft_capacity(settings: DecodeSettings) -> int:
-    """Slots the draft's StreamingCache allocates: sinks + window + slack for one draft forward
-    (mirrors ModelDrafter: slack = max(max_draft + 1, 64), max_draft 16)."""
-    return settings.draft_sinks + settings.draft_window + max(16 + 1, 64)
+    """Slots the draft's StreamingCache allocates (ModelDrafter asks the same method)."""
+    return settings.draft_cache_capacity()
 
 
 def _sizes(target: ModelShape, draft: ModelShape | None, context: int, settings: DecodeSettings,

@@ -10,7 +10,7 @@ layer, staged through host memory when the cards have no P2P (RTX 4090s), which 
 cross-device copy does by itself. Kernels are launched from one thread and run asynchronously,
 so the cards work at the same time.
 
-The caches are `ShardedFullCache` / `ShardedRetrievalCache` (engine/cache_sharded.py): card s
+The caches are `ShardedFullCache` / `ShardedRetrievalCache` (engine/kv/sharded.py): card s
 attends on its own part. Splitting a matmul changes float summation order, so logits differ
 from the one-card runner by rounding (tests bound it); every decoding mode on this runner is
 still token-identical to autoregressive decoding on this runner.
@@ -24,11 +24,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.cache_full import FullCache
-from engine.cache_sharded import ShardedFullCache
+from engine.kv.full import FullCache
+from engine.kv.sharded import ShardedFullCache
 from engine.errors import InvalidSettingError
-from engine.rope import Rotary
-from engine.runner import Architecture, _Layer, layer_tensors, read_safetensors, rms_norm, state_tensor
+from engine.kv.rope import Rotary
+from engine.model.runner import Architecture, _Layer, layer_tensors, read_safetensors, rms_norm, state_tensor
 
 
 def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
@@ -133,7 +133,7 @@ class TensorParallelRunner:
         for shard in self.shards:
             heads = shard.kv_heads[1] - shard.kv_heads[0]
             if offloaded or options:
-                from engine.cache_offload import OffloadedCache
+                from engine.kv.offload import OffloadedCache
 
                 parts.append(OffloadedCache(a.n_layers, heads, a.head_dim, capacity, self.dtype, shard.device,
                                             offloaded, **options))

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-PRESET_CONFIG_DIR = Path(__file__).resolve().parent.parent / "resources" / "presets"
+PRESET_CONFIG_DIR = Path(__file__).resolve().parents[2] / "resources" / "presets"
 
 BUNDLED_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 

@@ -1,7 +1,7 @@
 """From a planner `Plan` to where the loaded weights run: one card, a layer split, or tensor
 parallel across cards, plus the draft model's card and the offloaded KV layers.
 
-The plan is made from config.json alone (engine/planner.py), before any weight is read, so a
+The plan is made from config.json alone (engine/offload/planner.py), before any weight is read, so a
 model that cannot fit fails with the numbers before anything is allocated.
 """
 from __future__ import annotations
@@ -48,10 +48,10 @@ class Placement:
     def build_runner(self, config, state: dict[str, torch.Tensor], dtype: torch.dtype, max_positions: int | None):
         """A LlamaRunner (one card or layer split) or a TensorParallelRunner, weights placed."""
         if self.tensor_parallel:
-            from engine.runner_tp import TensorParallelRunner
+            from engine.model.runner_tp import TensorParallelRunner
 
             return TensorParallelRunner(config, state, self.tensor_parallel, dtype, max_positions)
-        from engine.runner import LlamaRunner
+        from engine.model.runner import LlamaRunner
 
         devices = self.layer_devices or None
         return LlamaRunner(config, state, torch.device(self.first_device), dtype, max_positions, devices)
@@ -67,15 +67,15 @@ class GpuPlacement:
     plan for `size` tokens offloads: a 16K-token chat on one 4090 keeps every layer on the card,
     a 128K-token book streams most of them."""
 
-    plan: object  # engine.planner.Plan
-    target: object  # engine.model_shape.ModelShape
+    plan: object  # engine.offload.planner.Plan
+    target: object  # engine.offload.shapes.ModelShape
     draft: object | None
     settings: DecodeSettings
-    spec: object  # engine.planner.DeviceSpec, free memory as it was before the weights loaded
+    spec: object  # engine.offload.planner.DeviceSpec, free memory as it was before the weights loaded
     headroom_bytes: int | None = None  # per GPU; None: the planner's default
 
     def plan_for(self, context_tokens: int):
-        from engine.planner import plan_placement
+        from engine.offload.planner import plan_placement
 
         return plan_placement(self.target, self.draft, context_tokens, self.settings, self.spec, same_as=self.plan,
                               **self._headroom())
@@ -115,7 +115,7 @@ def placement_for_folders(target_folder: Path, draft_folder: Path | None, contex
         gc.collect()  # a model just dropped (the app switching models) gives its memory back
         torch.cuda.empty_cache()  # ... and torch's caching allocator returns it, so NVML counts it free
 
-    from engine.model_shape import ModelShape
+    from engine.offload.shapes import ModelShape
 
     def shape(folder: Path) -> ModelShape:
         config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
@@ -129,11 +129,10 @@ def placement_for_shapes(target, draft, context_tokens: int | None, settings: De
                          devices="auto", headroom_bytes: int | None = None) -> GpuPlacement:
     """Plan `target` (+ `draft`) for `context_tokens` (None: its whole context) on `devices`
     (a profile name or a planner DeviceSpec)."""
-    from engine.planner import device_spec, plan_placement
+    from engine.offload.planner import device_spec, plan_placement
 
     context = context_tokens or target.max_context
-    if settings.budget > context:  # a short model: the retrieval budget cannot exceed its context
-        settings = settings.replace(budget=max(2 * settings.chunk, context // settings.chunk * settings.chunk))
+    settings = settings.fit_budget(context)
     spec = device_spec(devices) if isinstance(devices, str) else devices
     placement = GpuPlacement(None, target, draft, settings, spec, headroom_bytes)
     placement.plan = plan_placement(target, draft, context, settings, spec, **placement._headroom())

@@ -1,0 +1,267 @@
+"""Drafters: propose a few tokens for the level above. A drafter sees the whole sequence so far
+(prompt, history, answer, and the speculated tokens of the level above) and returns a `Draft`: its
+guesses, the distributions it drew them from (None: deterministic guesses, i.e. one-hot q) and the
+level that produced each. L0: NoDrafter, NgramDrafter, ModelDrafter. L1: RetrievalDrafter, the
+target on its retrieval cache, itself speculating with an L0 drafter. A level structure is then a
+composition (engine/decoding/speculative.py): ar = no drafter, draft-only = L0, retrieval-only =
+L1(NoDrafter), triforce = L1(L0).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from engine.decoding.acceptance import sample_token, target_probs
+from engine.events import Level
+from engine.kv.streaming import StreamingCache
+from engine.errors import IncompatibleDraftError
+from engine.model.runner import LlamaRunner
+from engine.settings import Sampling, draft_cache_slack
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What one `propose` returns: tokens, their q rows [k, V] (None: one-hot q), their levels."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None
+    levels: list[Level]
+
+
+def l0_draft(tokens: list[int], probs: torch.Tensor | None) -> Draft:
+    return Draft(tokens, probs, [Level.L0] * len(tokens))
+
+
+class Drafter(Protocol):
+    """Proposes tokens for the level above; `reset` forgets what it has seen (a new sequence)."""
+
+    name: str
+    runs_model: bool  # True when proposing costs model forwards (its time is worth measuring)
+
+    def propose(self, seq: list[int], count: int, sampling: Sampling,
+                generator: torch.Generator | None) -> Draft: ...
+
+    def reset(self) -> None: ...
+
+    def cache_stats(self): ...
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class NoDrafter:
+    """Proposes nothing: a level above it decodes one token per forward."""
+
+    name = "none"
+    runs_model = False
+
+    def propose(self, seq: list[int], count: int, sampling: Sampling,
+                generator: torch.Generator | None) -> Draft:
+        return l0_draft([], None)
+
+    def reset(self) -> None:
+        pass
+
+    def cache_stats(self):
+        return None
+
+
+class NgramDrafter:
+    """Prompt-lookup drafting: find the latest earlier occurrence of the sequence's last n tokens
+    (n = max_n down to min_n) anywhere in the conversation, document included, and propose what
+    followed it. Costs no model forward."""
+
+    name = "ngram"
+    runs_model = False
+
+    def __init__(self, max_n: int = 4, min_n: int = 2) -> None:
+        self.max_n, self.min_n = max_n, min_n
+        self.reset()
+
+    def reset(self) -> None:
+        self._seq: list[int] = []
+        self._index: dict[tuple[int, ...], int] = {}  # n-gram -> end position (exclusive) of its latest occurrence
+        self._indexed = 0  # n-grams ending before this position are indexed
+
+    def _sync(self, seq: list[int]) -> None:
+        # the index only grows along the sequence; an edit (divergence) rebuilds it
+        if common_prefix(self._seq[:self._indexed], seq[:self._indexed]) < self._indexed:
+            self._index, self._indexed = {}, 0
+        self._seq = seq
+        limit = len(seq) - 1  # leave the current suffix out so it never matches itself
+        for end in range(max(self._indexed, 1), limit + 1):
+            for n in range(self.min_n, self.max_n + 1):
+                if end - n >= 0:
+                    self._index[tuple(seq[end - n:end])] = end
+        self._indexed = max(self._indexed, limit + 1)
+
+    def propose(self, seq: list[int], count: int, sampling: Sampling,
+                generator: torch.Generator | None) -> Draft:
+        if count <= 0 or len(seq) < self.min_n + 1:
+            return l0_draft([], None)
+        self._sync(seq)
+        for n in range(self.max_n, self.min_n - 1, -1):
+            end = self._index.get(tuple(seq[-n:]))
+            if end is not None and end < len(seq):
+                return l0_draft(list(seq[end:end + count]), None)
+        return l0_draft([], None)
+
+    def cache_stats(self):
+        return None
+
+
+class ModelDrafter:
+    """A small draft model on a StreamingLLM cache. Its cache follows the sequence lazily: each
+    proposal rolls back to the longest common prefix with what it has seen, or re-syncs on the
+    sinks + the recent window when the rollback reaches tokens it has evicted."""
+
+    name = "model"
+    runs_model = True
+
+    def __init__(self, runner: LlamaRunner, sinks: int, window: int) -> None:
+        self.runner = runner
+        arch = runner.arch
+        self.cache = StreamingCache(arch.n_layers, arch.n_kv_heads, arch.head_dim, sinks, window,
+                                    slack=draft_cache_slack(), dtype=runner.dtype, device=runner.device)
+        self._seen: list[int] = []  # the sequence whose tokens the cache holds (possibly with evictions)
+
+    def reset(self) -> None:
+        self.cache.rollback(0)
+        self.cache.evicted = 0
+        self._seen = []
+
+    @staticmethod
+    def check_compatible(target_tokenizer, draft_tokenizer) -> None:
+        """Same vocabulary, token for token, or refuse with a clear error."""
+        tv, dv = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+        if tv != dv:
+            diff = len(set(tv.items()) ^ set(dv.items()))
+            raise IncompatibleDraftError(
+                f"the draft model's vocabulary differs from the target's ({len(dv)} vs {len(tv)} tokens, "
+                f"{diff} entries differ): pick a draft from the same model family, or use --draft ngram")
+
+    def _feed(self, tokens: list[int]) -> torch.Tensor:
+        """Run `tokens` through the draft model (evicting as needed); returns the last logits [V]."""
+        logits = None
+        step = max(1, self.cache.capacity - self.cache.sinks - 1) // 2
+        for start in range(0, len(tokens), step):
+            piece = tokens[start:start + step]
+            self.cache.make_room(len(piece))
+            positions = torch.arange(len(piece), device=self.runner.device)  # ignored by the cache
+            logits = self.runner.forward(torch.tensor(piece, device=self.runner.device), positions,
+                                         self.cache, last_only=True)[0]
+        return logits
+
+    def _resync(self, seq: list[int]) -> None:
+        """Fresh cache from the sinks and the last window of `seq` (what StreamingLLM would keep);
+        the newest token stays out: every proposal starts by feeding it."""
+        self.cache.rollback(0)
+        self.cache.evicted = 0
+        sinks, window = self.cache.sinks, self.cache.window
+        body = seq[:-1]
+        keep = body if len(body) <= sinks + window else body[:sinks] + body[len(body) - window:]
+        self._feed(keep)
+        self._seen = list(body)
+
+    def _held_prefix(self, seq: list[int]) -> int:
+        seen = self._seen
+        if len(seq) >= len(seen) and seq[:len(seen)] == seen:  # the common case: seq extends what we saw
+            return len(seen)
+        return common_prefix(seen, seq)
+
+    def propose(self, seq: list[int], count: int, sampling: Sampling,
+                generator: torch.Generator | None) -> Draft:
+        if count <= 0 or not seq:
+            return l0_draft([], None)
+        held = min(self._held_prefix(seq), len(seq) - 1)
+        drop = len(self._seen) - held
+        # dropped tokens must still be in the window, and the catch-up must fit in one window
+        if held == 0 or drop > self.cache.length - self.cache.sinks or len(seq) - held > self.cache.window:
+            self._resync(seq)
+        else:
+            self.cache.rollback(self.cache.length - drop)
+            del self._seen[held:]
+        logits = self._feed(seq[len(self._seen):])
+        self._seen.extend(seq[len(self._seen):])
+        drafts: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(count):
+            token, probs = sample_token(logits, sampling, generator)
+            drafts.append(token)
+            if probs is not None:
+                rows.append(probs)
+            if i + 1 < count:
+                logits = self._feed([token])
+                self._seen.append(token)
+        return l0_draft(drafts, torch.stack(rows) if rows else None)
+
+    def cache_stats(self):
+        return self.cache.stats()
+
+
+class RetrievalDrafter:
+    """L1 as a drafter: the target on its retrieval cache, itself speculating with an inner L0
+    drafter (`inner`, `gamma1` tokens per L1 forward) whose guesses it checks with the acceptance
+    rule. Every token it returns is an exact sample of L1's own distribution, whose rows it returns
+    as q. With NoDrafter inside it is plain L1 decoding (retrieval-only)."""
+
+    name = "retrieval"
+    runs_model = True
+
+    def __init__(self, runner: LlamaRunner, retrieval, inner: Drafter, gamma1: int, meter, verify_rule) -> None:
+        """retrieval: `() -> RetrievalCache` synced to the full cache; meter: has `timed(level,
+        tokens, seconds)` and `checked(boundary, proposed, accepted)`; verify_rule: the acceptance rule."""
+        self.runner, self.retrieval, self.inner, self.gamma1 = runner, retrieval, inner, gamma1
+        self.meter, self.verify_rule = meter, verify_rule
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def cache_stats(self):
+        return self.inner.cache_stats()
+
+    def propose(self, seq: list[int], count: int, sampling: Sampling,
+                generator: torch.Generator | None) -> Draft:
+        """At least `count` tokens (a last L1 forward may accept past it), as the level above wants."""
+        if count <= 0:
+            return Draft([], None, [])
+        r = self.retrieval()
+        local = list(seq)
+        drafts: list[int] = []
+        rows: list[torch.Tensor] = []
+        levels: list[Level] = []
+        use_l0 = not isinstance(self.inner, NoDrafter)
+        while len(drafts) < count:
+            k = min(self.gamma1, count - len(drafts)) if use_l0 else 0
+            t0 = time.perf_counter()
+            inner = self.inner.propose(local, k, sampling, generator) if k else l0_draft([], None)
+            if k:
+                self.meter.timed("l0", k, time.perf_counter() - t0)
+            d0 = inner.tokens
+            start = len(local) - 1
+            tokens = torch.tensor([local[-1]] + d0, device=self.runner.device)
+            positions = torch.arange(start, start + len(d0) + 1, device=self.runner.device)
+            held = r.length
+            t1 = time.perf_counter()
+            logits = self.runner.forward(tokens, positions, r)  # [k+1, V]
+            p1 = None if sampling.greedy else target_probs(logits, sampling)  # [k+1, V]
+            verdict = self.verify_rule(d0, inner.probs, logits, sampling, generator, target=p1)
+            self.meter.timed("l1", len(d0) + 1, time.perf_counter() - t1)
+            r.rollback(held + 1 + verdict.accepted)  # keep the pending token and the accepted drafts
+            if use_l0:
+                self.meter.checked("l0_l1", len(d0), verdict.accepted)
+            new = d0[:verdict.accepted] + [verdict.next_token]
+            drafts += new
+            levels += [Level.L0] * verdict.accepted + [Level.L1]
+            if p1 is not None:
+                rows.append(p1[:verdict.accepted + 1])  # L1's own distribution at each new position
+            local += new
+        return Draft(drafts, torch.cat(rows) if rows else None, levels)

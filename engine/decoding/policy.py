@@ -1,0 +1,252 @@
+"""The `auto` policy: which level structure (ar, draft-only, retrieval-only, triforce) and which
+gammas to run next, chosen online by expected tokens per second.
+
+Inputs, all measured in this session: seconds per forward at each level as a function of the tokens
+that forward checks (on a CPU, checking 8 tokens costs far more than 1), and per-boundary acceptance
+with exponential forgetting (so a shift in acceptance moves the estimate within ~20 cycles). A
+structure is scored as E(a, g) / cost, E(a, g) = (1 - a^(g+1)) / (1 - a) tokens per verification.
+
+Exploration is bounded: a structure not yet measured is tried for EXPLORE_CYCLES verification
+cycles, once per session, and only while its optimistic score is within EXPLORE_MARGIN of the best.
+The choice is re-scored before every cycle (so both each turn and any acceptance shift count) and
+changes only between cycles; a switch needs a SWITCH_GAIN advantage. Every cycle's output is an
+exact sample whatever structure ran it, so switching never changes what is generated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.events import CandidateCost
+from engine.settings import MAX_DRAFT, DecodeSettings, Mode
+
+EXPLORE_CYCLES = 3
+EXPLORE_MARGIN = 1.5  # explore an untried structure if its optimistic ms/token <= 1.5x the best's
+SWITCH_GAIN = 0.92  # switch only if the best predicts <= 92% of the current structure's ms/token
+FORGET = 0.95  # per-observation decay of the acceptance counts
+MAX_GAMMA1 = 8
+MAX_GAMMA2 = 12  # gamma1 + gamma2 + 2 stays inside the retrieval cache's minimum headroom (128 / 2)
+PRIOR_SLOPE = 0.15  # cost of each extra checked token, as a share of a 1-token forward (CPU: 0.1-0.2)
+PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
+PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
+PRIOR_HIT = 0.5  # share of L0 proposals that are not empty (n-gram lookups often find nothing)
+
+
+def expected_tokens(acceptance: float, gamma: int) -> float:
+    """Tokens one verification of `gamma` drafts yields when each is accepted with prob `acceptance`
+    (accepted prefix + the correction/bonus token)."""
+    a = min(max(acceptance, 0.0), 0.999)
+    return (1.0 - a ** (gamma + 1)) / (1.0 - a)
+
+
+@dataclass(frozen=True)
+class Structure:
+    """One fixed way to decode: a mode that is not auto, with its draft lengths."""
+
+    mode: Mode
+    gamma1: int = 1
+    gamma2: int = 1
+
+    @property
+    def label(self) -> str:
+        if self.mode is Mode.AR:
+            return "ar"
+        if self.mode is Mode.DRAFT_ONLY:
+            return f"draft-only g1={self.gamma1}"
+        if self.mode is Mode.RETRIEVAL_ONLY:
+            return f"retrieval-only g2={self.gamma2}"
+        return f"triforce g1={self.gamma1} g2={self.gamma2}"
+
+    def speculation_tokens(self) -> int:
+        """Slots one cycle may add past the held tokens (as DecodeSettings.speculation_tokens)."""
+        return {Mode.AR: 1, Mode.DRAFT_ONLY: self.gamma1 + 1, Mode.RETRIEVAL_ONLY: self.gamma2 + 1}.get(
+            self.mode, self.gamma1 + self.gamma2 + 2)
+
+
+class StepCosts:
+    """Seconds per forward at each level ("l0": one whole proposal, "l1", "l2"), per tokens checked,
+    as moving averages; `estimate` fits cost(n) = base + slope * (n - 1) through what was measured."""
+
+    def __init__(self) -> None:
+        self.table: dict[str, dict[int, float]] = {"l0": {}, "l1": {}, "l2": {}}
+
+    def record(self, level: str, tokens: int, seconds: float) -> None:
+        row = self.table[level]
+        old = row.get(tokens)
+        row[tokens] = seconds if old is None else 0.7 * old + 0.3 * seconds
+
+    def measured(self, level: str) -> bool:
+        return bool(self.table[level])
+
+    def estimate(self, level: str, tokens: int) -> float | None:
+        """Seconds for a forward checking `tokens` tokens, or None if this level was never timed."""
+        row = self.table[level]
+        if not row:
+            return None
+        if tokens in row:
+            return row[tokens]
+        points = sorted(row.items())
+        if len(points) == 1:
+            n0, t0 = points[0]
+            base = t0 / (1.0 + PRIOR_SLOPE * (n0 - 1))
+            return base * (1.0 + PRIOR_SLOPE * (tokens - 1))
+        mean_n = sum(n for n, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        var = sum((n - mean_n) ** 2 for n, _ in points)
+        slope = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in points) / var)
+        return max(1e-6, mean_t + slope * (tokens - mean_n))
+
+
+@dataclass
+class Acceptance:
+    """Per-token acceptance at one boundary, accepted / checked, with old cycles forgotten."""
+
+    prior: float
+    accepted: float = 0.0
+    tested: float = 0.0
+    proposals: float = 0.0
+    nonempty: float = 0.0
+
+    def add(self, proposed: int, accepted: int) -> None:
+        self.accepted = FORGET * self.accepted + accepted
+        self.tested = FORGET * self.tested + (accepted + (1 if accepted < proposed else 0) if proposed else 0)
+        self.proposals = FORGET * self.proposals + 1
+        self.nonempty = FORGET * self.nonempty + (1 if proposed else 0)
+
+    @property
+    def known(self) -> bool:
+        return self.tested >= 4
+
+    @property
+    def rate(self) -> float:
+        # a few prior pseudo-checks keep one lucky cycle from reading as certainty
+        return (self.accepted + 2 * self.prior) / (self.tested + 2)
+
+    @property
+    def hit(self) -> float:
+        """Share of proposals that offered at least one token."""
+        return (self.nonempty + PRIOR_HIT) / (self.proposals + 1)
+
+
+@dataclass
+class Policy:
+    """Chooses the structure for the next verification cycle from `StepCosts` and `Acceptance`."""
+
+    costs: StepCosts = field(default_factory=StepCosts)
+    acceptance: dict[str, Acceptance] = field(
+        default_factory=lambda: {k: Acceptance(v) for k, v in PRIOR_ACCEPTANCE.items()})
+    tried: dict[Mode, int] = field(default_factory=dict)  # cycles run per structure (bounds exploration)
+    current: Structure | None = None
+    candidates: tuple[CandidateCost, ...] = ()
+    switches: int = 0
+    forced: list[Structure] | None = None  # tests: a script of structures to run, one per cycle
+
+    def observe(self, boundary: str, proposed: int, accepted: int) -> None:
+        self.acceptance[boundary].add(proposed, accepted)
+
+    def choose(self, settings: DecodeSettings, has_l0: bool, context_tokens: int) -> Structure:
+        """The structure for the next cycle (`settings.mode` fixed: that mode, gammas tuned if
+        settings.auto)."""
+        mode = Mode.of(settings.mode)
+        if self.forced:
+            chosen = self.forced.pop(0)
+            self.forced.append(chosen)
+            return self._ran(chosen)
+        if mode is not Mode.AUTO and not settings.auto:
+            return self._ran(Structure(mode, settings.gamma1, settings.gamma2))
+        modes = [mode] if mode is not Mode.AUTO else [
+            m for m in (Mode.AR, Mode.DRAFT_ONLY, Mode.RETRIEVAL_ONLY, Mode.TRIFORCE)
+            if has_l0 or not m.uses_l0 or m is Mode.AR]
+        if not has_l0 and mode in (Mode.DRAFT_ONLY,):
+            return self._ran(Structure(mode, settings.gamma1, settings.gamma2))
+        scored = [self._best_of(m, settings) for m in modes]
+        scored = [(ms, s) for ms, s in scored if ms is not None]
+        if not scored:  # nothing timed yet: one plain step measures the target
+            return self._ran(Structure(Mode.AR) if mode is Mode.AUTO else Structure(mode, settings.gamma1, settings.gamma2))
+        self.candidates = tuple(CandidateCost(s.label, ms * 1000.0, self._explored(s.mode)) for ms, s in scored)
+        best_ms, best = min(scored, key=lambda x: x[0])
+        for ms, s in scored:  # bounded exploration of structures never measured
+            if self.tried.get(s.mode, 0) < EXPLORE_CYCLES and not self._explored(s.mode) and ms <= EXPLORE_MARGIN * best_ms:
+                return self._ran(s)
+        if self.current is not None and self.current.mode in modes:
+            now = next((ms for ms, s in scored if s.mode is self.current.mode), None)
+            if now is not None and best.mode is not self.current.mode and best_ms > SWITCH_GAIN * now:
+                best = next(s for ms, s in scored if s.mode is self.current.mode)  # not worth a switch
+        return self._ran(best)
+
+    def _ran(self, chosen: Structure) -> Structure:
+        if self.current is not None and chosen.mode is not self.current.mode:
+            self.switches += 1
+        self.current = chosen
+        self.tried[chosen.mode] = self.tried.get(chosen.mode, 0) + 1
+        return chosen
+
+    def _explored(self, mode: Mode) -> bool:
+        """Has `mode` been measured enough to trust its score?"""
+        acc = self.acceptance
+        if mode is Mode.AR:
+            return self.costs.measured("l2")
+        if mode is Mode.DRAFT_ONLY:
+            return acc["l0_l2"].known or self.tried.get(mode, 0) >= EXPLORE_CYCLES
+        if mode is Mode.RETRIEVAL_ONLY:
+            return self.costs.measured("l1") and (acc["l1_l2"].known or self.tried.get(mode, 0) >= EXPLORE_CYCLES)
+        return (self.costs.measured("l1") and acc["l1_l2"].known and acc["l0_l1"].known) or \
+            self.tried.get(mode, 0) >= EXPLORE_CYCLES
+
+    # --- the cost model ------------------------------------------------------------------------
+    def _c(self, level: str, tokens: int) -> float | None:
+        got = self.costs.estimate(level, tokens)
+        if got is None and level == "l1":
+            l2 = self.costs.estimate("l2", tokens)
+            return None if l2 is None else PRIOR_L1_SHARE * l2
+        if got is None and level == "l0":
+            return 0.0  # a drafter never timed costs nothing visible yet (n-gram lookups)
+        return got
+
+    def _rate(self, boundary: str) -> float:
+        acc = self.acceptance
+        if boundary == "l0_l2" and not acc["l0_l2"].known and acc["l0_l1"].known:
+            return acc["l0_l1"].rate * acc["l1_l2"].rate  # L0 vs the target ~ L0 vs L1, then L1 vs L2
+        if boundary == "l0_l1" and not acc["l0_l1"].known and acc["l0_l2"].known:
+            return acc["l0_l2"].rate
+        return acc[boundary].rate
+
+    def _hit(self) -> float:
+        acc = self.acceptance
+        return acc["l0_l1"].hit if acc["l0_l1"].proposals >= acc["l0_l2"].proposals else acc["l0_l2"].hit
+
+    def seconds_per_token(self, s: Structure) -> float | None:
+        """Predicted seconds per generated token of structure `s`, or None before any L2 timing."""
+        c2 = lambda n: self._c("l2", n)  # noqa: E731
+        if c2(1) is None:
+            return None
+        if s.mode is Mode.AR:
+            return c2(1)
+        h = self._hit()
+        if s.mode is Mode.DRAFT_ONLY:
+            g = s.gamma1
+            tokens = h * expected_tokens(self._rate("l0_l2"), g) + (1 - h)
+            cost = self._c("l0", g) + h * c2(g + 1) + (1 - h) * c2(1)
+            return cost / tokens
+        if s.mode is Mode.RETRIEVAL_ONLY:
+            g = s.gamma2
+            return (g * self._c("l1", 1) + c2(g + 1)) / expected_tokens(self._rate("l1_l2"), g)
+        g1, g2 = s.gamma1, s.gamma2
+        per_l1_forward = h * expected_tokens(self._rate("l0_l1"), g1) + (1 - h)
+        l1_cost = self._c("l0", g1) + h * self._c("l1", g1 + 1) + (1 - h) * self._c("l1", 1)
+        return (g2 * l1_cost / per_l1_forward + c2(g2 + 1)) / expected_tokens(self._rate("l1_l2"), g2)
+
+    def _best_of(self, mode: Mode, settings: DecodeSettings) -> tuple[float | None, Structure]:
+        """The best gammas for `mode` and their predicted seconds per token."""
+        if mode is Mode.AR:
+            grid = [Structure(Mode.AR)]
+        elif mode is Mode.DRAFT_ONLY:
+            grid = [Structure(mode, g, settings.gamma2) for g in range(1, min(MAX_DRAFT, 2 * MAX_GAMMA1) + 1)]
+        elif mode is Mode.RETRIEVAL_ONLY:
+            grid = [Structure(mode, settings.gamma1, g) for g in range(1, MAX_GAMMA2 + 1)]
+        else:
+            grid = [Structure(mode, g1, g2) for g1 in range(1, MAX_GAMMA1 + 1) for g2 in range(1, MAX_GAMMA2 + 1)]
+        scored = [(self.seconds_per_token(s), s) for s in grid]
+        scored = [(t, s) for t, s in scored if t is not None]
+        if not scored:
+            return None, grid[0]
+        return min(scored, key=lambda x: x[0])

@@ -1,0 +1,193 @@
+"""The hierarchical loop: each verification cycle, a level structure (engine/decoding/policy.py)
+composes the drafters (engine/decoding/drafters.py) and the target with its full cache (L2) checks
+their tokens. ar = nothing drafts; draft-only = L0; retrieval-only = L1 over no L0; triforce = L1
+(the target on the retrieval cache) over L0.
+
+Invariant between steps: the full cache holds seq[:-1]; seq[-1] is the pending token whose K/V
+is computed by the next forward. Every level's output is an exact sample of its own (warped)
+distribution, so the acceptance rule at L2 with q = the drafter's distribution keeps the final
+output exactly distributed as the target alone, whichever structure ran the cycle.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.decoding.acceptance import verify
+from engine.decoding.drafters import Draft, Drafter, NoDrafter, RetrievalDrafter, l0_draft
+from engine.decoding.policy import Policy, StepCosts, Structure
+from engine.events import Level, LevelStats
+from engine.kv.full import FullCache
+from engine.kv.retrieval import RetrievalCache
+from engine.model.runner import LlamaRunner
+from engine.settings import DecodeSettings, Mode
+
+
+@dataclass
+class Counter:
+    proposed: int = 0
+    accepted: int = 0
+    tested: int = 0  # accepted + one per verification that rejected something
+
+    def add(self, proposed: int, accepted: int) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+        self.tested += accepted + (1 if accepted < proposed else 0)
+
+
+@dataclass
+class DecodeStats:
+    """Counts for one answer (the policy keeps its own, longer-lived, measurements)."""
+
+    l0_l1: Counter = field(default_factory=Counter)
+    l1_l2: Counter = field(default_factory=Counter)
+    l0_l2: Counter = field(default_factory=Counter)
+    verifications: int = 0
+    emitted_by_verify: int = 0
+    times: StepCosts = field(default_factory=StepCosts)
+    switches: int = 0
+
+    def levels(self, mode: str) -> tuple[LevelStats, ...]:
+        """The boundaries that `mode` checks (under auto: every boundary that saw a draft)."""
+        m = Mode.of(mode)
+        pairs = {Mode.TRIFORCE: ("l0_l1", "l1_l2"), Mode.RETRIEVAL_ONLY: ("l1_l2",), Mode.DRAFT_ONLY: ("l0_l2",),
+                 Mode.AR: ()}.get(m)
+        if pairs is None:
+            pairs = tuple(n for n in ("l0_l1", "l1_l2", "l0_l2") if getattr(self, n).proposed)
+        return tuple(LevelStats(n, getattr(self, n).proposed, getattr(self, n).accepted, getattr(self, n).tested)
+                     for n in pairs)
+
+
+class HierarchicalDecoder:
+    """One `step(seq)` = one verification cycle at the top level; returns (token, level) pairs."""
+
+    def __init__(self, runner: LlamaRunner, full: FullCache, drafter: Drafter, settings: DecodeSettings,
+                 generator: torch.Generator | None) -> None:
+        self.runner, self.full, self.drafter = runner, full, drafter
+        self.settings = settings
+        self.generator = generator
+        self.retrieval: RetrievalCache | None = None
+        self.stats = DecodeStats()
+        self.policy = Policy()
+        self.structure: Structure | None = None  # what the last cycle ran
+        self._prompt_query: list[torch.Tensor] | None = None
+        self._recent_l2 = deque(maxlen=8)  # per-verification acceptance rates at L2 of L1's drafts
+        self._since_rebuild = 0
+        self._stale = False  # a new prompt came since the selection: rebuild before L1's next use
+        self.rebuilds = 0
+        self.l1_verify = verify  # the acceptance rule at L1 (tests swap in a known-buggy variant)
+
+    # --- retrieval cache management ------------------------------------------------------------
+    def _headroom(self) -> int:
+        return self.settings.retrieval_headroom()
+
+    def after_prefill(self, prompt_query: list[torch.Tensor]) -> None:
+        """A new prompt was prefilled: select the retrieval cache with the question's own query
+        (under auto: lazily, before the first cycle that uses L1)."""
+        self._prompt_query = prompt_query
+        self._recent_l2.clear()
+        if Mode.of(self.settings.mode) in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY):
+            self.rebuild()
+        else:
+            self._stale = True
+
+    def rebuild(self) -> None:
+        s = self.settings
+        r = self.retrieval
+        if r is None or r.budget != s.budget or r.chunk != s.chunk or r.headroom < self._headroom():
+            self.retrieval = None  # free the old buffers first
+            self.retrieval = r = self.full.retrieval(self.runner.arch.n_heads, s.budget, s.chunk, self._headroom())
+        r.rebuild(self._prompt_query)
+        self.rebuilds += 1
+        self._stale = False
+        self._since_rebuild = 0
+        self._recent_l2.clear()
+
+    def _ensure_retrieval(self) -> RetrievalCache:
+        s = self.settings
+        r = self.retrieval
+        st = self.structure
+        need = (st.gamma1 + st.gamma2 + 2) if st is not None else s.speculation_tokens()
+        rolling = sum(self._recent_l2) / len(self._recent_l2) if len(self._recent_l2) >= 4 else 1.0
+        if (r is None or self._stale or r.budget != s.budget or r.chunk != s.chunk or r.room() < need
+                or rolling < s.rebuild_threshold
+                or (s.rebuild_stride and self._since_rebuild >= s.rebuild_stride)):
+            self.rebuild()
+        else:
+            r.sync()
+        return self.retrieval
+
+    # --- one cycle ---------------------------------------------------------------------------
+    def _compose(self, st: Structure) -> tuple[Drafter | None, int, str]:
+        """The drafter for L2, how many tokens it drafts, and the boundary its acceptance counts at."""
+        if st.mode is Mode.AR:
+            return None, 0, ""
+        if st.mode is Mode.DRAFT_ONLY:
+            return self.drafter, st.gamma1, "l0_l2"
+        inner = self.drafter if st.mode is Mode.TRIFORCE else NoDrafter()
+        l1 = RetrievalDrafter(self.runner, self._ensure_retrieval, inner, st.gamma1, self, self.l1_verify)
+        return l1, st.gamma2, "l1_l2"
+
+    def _choose(self, seq: list[int]) -> Structure:
+        has_l0 = not isinstance(self.drafter, NoDrafter)
+        st = self.policy.choose(self.settings, has_l0, len(seq))
+        if len(seq) + st.speculation_tokens() > self.full.capacity:  # the last tokens of a full cache
+            st = Structure(Mode.AR)
+        if self.structure is not None and st.mode is not self.structure.mode:
+            self.stats.switches += 1
+        return st
+
+    def step(self, seq: list[int]) -> list[tuple[int, Level]]:
+        self.structure = st = self._choose(seq)
+        drafter, count, boundary = self._compose(st)
+        draft = l0_draft([], None)
+        if drafter is not None:
+            t0 = time.perf_counter()
+            draft = drafter.propose(seq, count, self.settings.sampling, self.generator)
+            if not isinstance(drafter, RetrievalDrafter):  # L1 times its own forwards
+                self.timed("l0", count, time.perf_counter() - t0)
+        out = self._verify_l2(seq, draft)
+        accepted = len(out) - 1
+        if boundary:
+            self.checked(boundary, len(draft.tokens), accepted)
+        if boundary == "l1_l2":
+            if draft.tokens:
+                self._recent_l2.append(accepted / len(draft.tokens))
+            self._since_rebuild += len(out)
+        return out
+
+    def choice_metrics(self) -> dict:
+        """Metrics fields saying what ran and, under auto, what the policy weighed."""
+        st = self.structure
+        return {"structure": st.label if st is not None else "", "candidates": self.policy.candidates,
+                "structure_switches": self.stats.switches}
+
+    # --- what the levels report: this answer's counters and the policy's measurements ---------
+    def timed(self, level: str, tokens: int, seconds: float) -> None:
+        """A forward at `level` ("l0": a whole proposal) that checked `tokens` tokens took `seconds`."""
+        self.stats.times.record(level, tokens, seconds)
+        self.policy.costs.record(level, tokens, seconds)
+
+    def checked(self, boundary: str, proposed: int, accepted: int) -> None:
+        """A verification at `boundary` ("l0_l1", "l1_l2", "l0_l2") accepted `accepted` of `proposed`."""
+        getattr(self.stats, boundary).add(proposed, accepted)
+        self.policy.observe(boundary, proposed, accepted)
+
+    def _verify_l2(self, seq: list[int], draft: Draft) -> list[tuple[int, Level]]:
+        """The target with its full cache checks the draft; returns accepted drafts + one L2 token."""
+        drafts = draft.tokens
+        start = len(seq) - 1
+        assert self.full.length == start, (self.full.length, start)
+        tokens = torch.tensor([seq[-1]] + drafts, device=self.runner.device)
+        positions = torch.arange(start, start + len(drafts) + 1, device=self.runner.device)
+        t2 = time.perf_counter()
+        logits = self.runner.forward(tokens, positions, self.full)  # [k+1, V]
+        verdict = verify(drafts, draft.probs, logits, self.settings.sampling, self.generator)
+        self.timed("l2", len(drafts) + 1, time.perf_counter() - t2)
+        self.full.rollback(start + 1 + verdict.accepted)
+        self.stats.verifications += 1
+        self.stats.emitted_by_verify += verdict.accepted + 1
+        return [(drafts[i], draft.levels[i]) for i in range(verdict.accepted)] + [(verdict.next_token, Level.L2)]

@@ -1,0 +1,165 @@
+"""Hybrid offload (engine/kv/offload.py, cpu_heads): an offloaded layer's first KV heads are attended
+on the CPU where their K/V live, the rest streamed, in decode/verification forwards; prefill streams
+every head. With the CPU standing in for the cards: logits equal the resident cache's within float
+tolerance, K/V bit-identical, through prefill, verify, roll back and re-verify; decoding modes are
+token-identical to ar on a hybrid placement; tensor parallel splits each card's share the same way."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.events import ChatMessage, DocumentText
+from engine.kv.full import FullCache
+from engine.kv.offload import OffloadedCache
+from engine.errors import InvalidSettingError
+from engine.model.loading import load_folder
+from engine.model.placement import Placement
+from engine.decoding.session import ChatSession
+from engine.settings import DecodeSettings
+from streams import answer_tokens
+from test_lossless import assert_identical_or_near_tie
+from test_tensor_parallel import SHAPE, _runners
+
+CAP = 256
+# 8 query heads over 4 KV heads, 3 layers
+LAYERS = SHAPE["num_hidden_layers"]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load_folder(tiny_model_dir("llama", **SHAPE))
+
+
+def _forward(runner, cache, ids: torch.Tensor, start: int) -> torch.Tensor:
+    return runner.forward(ids, torch.arange(start, start + len(ids)), cache)
+
+
+def _same_kv(a, b, length: int) -> None:
+    for layer in range(LAYERS):
+        for x, y in zip(a.layer_kv(layer, 0, length), b.layer_kv(layer, 0, length)):
+            assert torch.equal(x, y), f"layer {layer} K/V differ"
+
+
+STEPS = [(0, 90), (90, 97), (93, 100), (100, 101), (101, 102), (40, 47), (47, 130), (130, 137)]  # prefill, verify,
+# roll back + re-verify, decode, decode, an earlier roll back (chat edited), a prefill chunk after hybrid steps, verify
+
+
+@pytest.mark.parametrize("cpu_heads", [1, 2, 4, {0: 3, 2: 1}], ids=["one", "half", "all", "per-layer"])
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "serial"])
+def test_hybrid_logits_equal_resident_and_kv_identical(model, cpu_heads, prefetch):
+    runner = model.runner
+    a = runner.arch
+    full = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device)
+    hybrid = OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device, [0, 1, 2],
+                            prefetch=prefetch, cpu_heads=cpu_heads)
+    stream = OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device, [0, 1, 2],
+                            prefetch=prefetch)
+    ids = torch.randint(0, a.vocab_size, (140,), generator=torch.Generator().manual_seed(4))
+    for start, stop in STEPS:
+        for cache in (full, hybrid, stream):
+            cache.rollback(min(cache.length, start))
+        want = _forward(runner, full, ids[start:stop], start)
+        got = _forward(runner, hybrid, ids[start:stop], start)
+        if stop - start > 33:  # prefill streams every head: the same kernel as the resident cache
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        _forward(runner, stream, ids[start:stop], start)
+        _same_kv(full, hybrid, stop)
+    assert hybrid.cpu_attended_bytes > 0
+    assert hybrid.copied_bytes < stream.copied_bytes  # the CPU heads never crossed PCIe in verification
+    assert "hybrid" in hybrid.stats().detail
+
+
+def test_hybrid_would_catch_a_wrong_head_order(model):
+    """Swapping the CPU and streamed heads' outputs changes the logits: the comparison has power."""
+    runner = model.runner
+    a = runner.arch
+    full = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device)
+    ids = torch.randint(0, a.vocab_size, (60,), generator=torch.Generator().manual_seed(5))
+    _forward(runner, full, ids[:50], 0)
+    want = _forward(runner, full, ids[50:57], 50)
+    full.rollback(50)
+    original = torch.cat
+
+    def swapped(tensors, *args, **kwargs):
+        if len(tensors) == 2 and tensors[0].dim() == 3 and tensors[0].shape[1:] == tensors[1].shape[1:] \
+                and tensors[0].shape[0] == tensors[1].shape[0]:
+            tensors = [tensors[1], tensors[0]]
+        return original(tensors, *args, **kwargs)
+
+    hybrid = OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device, [0, 1, 2],
+                            cpu_heads=2)
+    _forward(runner, hybrid, ids[:50], 0)
+    torch.cat = swapped
+    try:
+        got = _forward(runner, hybrid, ids[50:57], 50)
+    finally:
+        torch.cat = original
+    assert (got - want).abs().max() > 1e-3
+
+
+def test_bad_split_is_a_setting_error(model):
+    a = model.runner.arch
+    with pytest.raises(InvalidSettingError, match="cpu_heads"):
+        OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, torch.float32, "cpu", [0], cpu_heads={1: 1})
+    with pytest.raises(InvalidSettingError, match="cpu_heads"):
+        OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, torch.float32, "cpu", [0], cpu_heads=5)
+
+
+def test_tensor_parallel_shares_split_the_same_way(tiny_model_dir):
+    _, tp = _runners(tiny_model_dir("llama", **SHAPE), 2)
+    resident, hybrid = tp.new_full_cache(CAP), tp.new_full_cache(CAP, [0, 1, 2], cpu_heads=1)
+    assert all(p.cpu_heads == {0: 1, 1: 1, 2: 1} for p in hybrid.parts)
+    ids = torch.randint(0, tp.arch.vocab_size, (60,), generator=torch.Generator().manual_seed(6))
+    for start, stop in [(0, 40), (40, 47), (43, 50), (50, 51)]:
+        for cache in (resident, hybrid):
+            cache.rollback(min(cache.length, start))
+        want, got = _forward(tp, resident, ids[start:stop], start), _forward(tp, hybrid, ids[start:stop], start)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for layer in range(LAYERS):
+        assert all(torch.equal(x, y) for x, y in zip(resident.layer_kv(layer, 0, 51), hybrid.layer_kv(layer, 0, 51)))
+    assert all(p.cpu_attended_bytes > 0 for p in hybrid.parts)
+
+
+MODES = [
+    dict(mode="triforce", budget=32, chunk=8, gamma1=2, gamma2=4),
+    dict(mode="triforce", budget=64, chunk=16, gamma1=4, gamma2=8),
+    dict(mode="retrieval-only", budget=32, chunk=8, gamma2=3),
+    dict(mode="draft-only", gamma1=4),
+]
+
+
+def _hybrid_factory(runner, size: int):
+    return runner.new_full_cache(size, [0, 1, 2], cpu_heads={0: 1, 1: 2, 2: 4})
+
+
+@pytest.mark.parametrize("overrides", MODES, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
+def test_every_mode_is_token_identical_to_ar_on_a_hybrid_placement(model, sample_text, overrides):
+    doc = [DocumentText("Hamlet", sample_text[:3000])]
+    messages = [ChatMessage("user", "Repeat the first line of the play.")]
+    base = DecodeSettings(max_new_tokens=40)
+    ar = ChatSession(model, base.replace(mode="ar"), draft="none", capacity=2048, cache_factory=_hybrid_factory)
+    reference, _ = answer_tokens(ar, messages, doc)
+    fast = ChatSession(model, base.replace(**overrides), draft="ngram", capacity=2048, cache_factory=_hybrid_factory)
+    got, _ = answer_tokens(fast, messages, doc)
+    assert isinstance(fast.full, OffloadedCache) and fast.full.cpu_attended_bytes > 0
+    assert_identical_or_near_tie(model, fast.prompt_tokens(messages, doc), reference, got)
+    assert len(got) > 5
+
+
+def test_tensor_parallel_hybrid_triforce_is_token_identical_to_ar(tiny_model_dir, sample_text):
+    tp_model = load_folder(tiny_model_dir("llama", **SHAPE), placement=Placement(tensor_parallel=("cpu", "cpu")))
+    doc = [DocumentText("Hamlet", sample_text[:3000])]
+    messages = [ChatMessage("user", "Repeat the first line of the play.")]
+    base = DecodeSettings(max_new_tokens=40)
+
+    def factory(runner, size):
+        return runner.new_full_cache(size, [0, 1, 2], cpu_heads=1)
+    reference, _ = answer_tokens(ChatSession(tp_model, base.replace(mode="ar"), draft="none", capacity=2048,
+                                             cache_factory=factory), messages, doc)
+    fast = ChatSession(tp_model, base.replace(mode="triforce", budget=64, chunk=16, gamma1=3, gamma2=6), draft="ngram",
+                       capacity=2048, cache_factory=factory)
+    got, _ = answer_tokens(fast, messages, doc)
+    assert_identical_or_near_tie(tp_model, fast.prompt_tokens(messages, doc), reference, got)
+    assert len(got) > 5

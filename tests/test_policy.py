@@ -1,0 +1,140 @@
+"""The `auto` policy: its cost model, its choices, bounded exploration, and that switching
+structure between cycles never changes the output (greedy: token-identical to AR)."""
+from __future__ import annotations
+
+import pytest
+
+from engine.decoding.policy import EXPLORE_CYCLES, Policy, StepCosts, Structure, expected_tokens
+from engine.decoding.session import ChatSession
+from engine.events import ChatMessage, DocumentText
+from engine.model.loading import load_folder
+from engine.settings import DecodeSettings, Mode
+from streams import answer_tokens
+
+AUTO = DecodeSettings(mode="auto", budget=64, chunk=16)
+FIXED = [Structure(Mode.AR), Structure(Mode.DRAFT_ONLY, 3, 1), Structure(Mode.RETRIEVAL_ONLY, 1, 4),
+         Structure(Mode.TRIFORCE, 2, 5)]
+
+
+def test_expected_tokens_matches_the_geometric_series():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert abs(expected_tokens(0.5, 2) - (1 + 0.5 + 0.25)) < 1e-12
+
+
+def test_step_costs_fit_a_line_through_measured_forwards():
+    costs = StepCosts()
+    assert costs.estimate("l2", 4) is None
+    costs.record("l2", 1, 0.100)
+    assert costs.estimate("l2", 1) == pytest.approx(0.100)
+    assert costs.estimate("l2", 8) > 0.100  # one point: a prior slope, never free extra tokens
+    costs.record("l2", 5, 0.180)
+    assert costs.estimate("l2", 9) == pytest.approx(0.260)  # 20 ms per extra checked token
+    assert costs.estimate("l2", 3) == pytest.approx(0.140)
+
+
+def _measured_policy(l0_l2: float, l1_l2: float, l0_l1: float, l1_share: float, l0_s: float = 0.0) -> Policy:
+    """A policy that has seen plenty of cycles with these acceptances and costs (L2: 100 ms + 15 ms
+    per extra token; L1: l1_share of that)."""
+    p = Policy()
+    for n in range(1, 14):
+        p.costs.record("l2", n, 0.100 + 0.015 * (n - 1))
+        p.costs.record("l1", n, l1_share * (0.100 + 0.015 * (n - 1)))
+        p.costs.record("l0", n, l0_s * n)
+    for boundary, rate in (("l0_l2", l0_l2), ("l1_l2", l1_l2), ("l0_l1", l0_l1)):
+        for _ in range(200):
+            accepted = round(10 * rate)
+            p.observe(boundary, 10, accepted)
+    for m in Mode:
+        p.tried[m] = EXPLORE_CYCLES
+    return p
+
+
+def test_auto_picks_draft_only_when_the_drafter_is_good_and_free():
+    p = _measured_policy(l0_l2=0.9, l1_l2=0.6, l0_l1=0.9, l1_share=0.9)
+    chosen = p.choose(AUTO, has_l0=True, context_tokens=8000)
+    assert chosen.mode is Mode.DRAFT_ONLY and chosen.gamma1 > 2
+    assert {c.structure.split()[0] for c in p.candidates} == {"ar", "draft-only", "retrieval-only", "triforce"}
+
+
+def test_auto_picks_retrieval_when_l1_is_cheap_and_l0_misses():
+    p = _measured_policy(l0_l2=0.05, l1_l2=0.9, l0_l1=0.05, l1_share=0.3)
+    assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is Mode.RETRIEVAL_ONLY
+
+
+def test_auto_falls_back_to_ar_when_nothing_is_accepted():
+    p = _measured_policy(l0_l2=0.0, l1_l2=0.0, l0_l1=0.0, l1_share=0.9, l0_s=0.01)
+    assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is Mode.AR
+
+
+def test_auto_without_a_drafter_never_runs_l0():
+    p = _measured_policy(l0_l2=0.9, l1_l2=0.9, l0_l1=0.9, l1_share=0.5)
+    assert not p.choose(AUTO, has_l0=False, context_tokens=8000).mode.uses_l0 or \
+        p.current.mode is Mode.RETRIEVAL_ONLY
+
+
+def test_exploration_is_bounded():
+    """A structure that measures badly is tried at most EXPLORE_CYCLES cycles."""
+    p = Policy()
+    runs = {m: 0 for m in Mode}
+    for _ in range(60):
+        s = p.choose(AUTO, has_l0=True, context_tokens=8000)
+        runs[s.mode] += 1
+        n = {Mode.AR: 1, Mode.DRAFT_ONLY: s.gamma1 + 1, Mode.RETRIEVAL_ONLY: s.gamma2 + 1}.get(s.mode, s.gamma2 + 1)
+        p.costs.record("l2", n, 0.1 + 0.02 * (n - 1))
+        if s.mode in (Mode.RETRIEVAL_ONLY, Mode.TRIFORCE):
+            p.costs.record("l1", 1, 0.095)  # L1 as dear as L2: never worth it
+            p.observe("l1_l2", s.gamma2, 0)
+        if s.mode.uses_l0 and s.mode is not Mode.AR:
+            p.costs.record("l0", s.gamma1, 0.01 * s.gamma1)  # a model drafter: 10 ms a token
+            p.observe("l0_l2" if s.mode is Mode.DRAFT_ONLY else "l0_l1", s.gamma1, 0)  # L0 always wrong
+    assert runs[Mode.AR] >= 60 - 3 * EXPLORE_CYCLES
+    for m in (Mode.DRAFT_ONLY, Mode.RETRIEVAL_ONLY, Mode.TRIFORCE):
+        assert runs[m] <= EXPLORE_CYCLES
+
+
+def test_fixed_mode_without_auto_runs_its_own_gammas():
+    p = Policy()
+    s = DecodeSettings(mode="triforce", gamma1=3, gamma2=7)
+    assert p.choose(s, has_l0=True, context_tokens=100) == Structure(Mode.TRIFORCE, 3, 7)
+
+
+def test_fixed_mode_with_auto_keeps_its_structure():
+    p = _measured_policy(l0_l2=0.9, l1_l2=0.6, l0_l1=0.9, l1_share=0.9)
+    chosen = p.choose(DecodeSettings(mode="retrieval-only", auto=True), has_l0=True, context_tokens=8000)
+    assert chosen.mode is Mode.RETRIEVAL_ONLY
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_folder(tiny_model_dir("llama"))
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "self"])
+def test_forced_switches_every_cycle_stay_identical_to_ar(tiny, sample_text, drafter):
+    """The policy scripted to change structure at every cycle: still exactly AR's tokens."""
+    doc = [DocumentText("Hamlet", sample_text[:3000])]
+    messages = [ChatMessage("user", "Repeat the first line of the play.")]
+    ar = ChatSession(tiny, DecodeSettings(mode="ar", max_new_tokens=48), draft="none", capacity=2048)
+    reference, _ = answer_tokens(ar, messages, doc)
+    session = ChatSession(tiny, AUTO.replace(max_new_tokens=48), draft=tiny if drafter == "self" else drafter,
+                          capacity=2048)
+    session.decoder.policy.forced = list(FIXED)
+    got, final = answer_tokens(session, messages, doc)
+    assert got == reference
+    assert final.metrics.structure_switches >= 4
+
+
+def test_auto_reports_what_it_runs_and_weighs(tiny, sample_text):
+    doc = [DocumentText("Hamlet", sample_text[:3000])]
+    messages = [ChatMessage("user", "Go on.")]
+    session = ChatSession(tiny, AUTO.replace(max_new_tokens=40), draft="ngram", capacity=2048)
+    ar = ChatSession(tiny, DecodeSettings(mode="ar", max_new_tokens=40), draft="none", capacity=2048)
+    reference, _ = answer_tokens(ar, messages, doc)
+    got, final = answer_tokens(session, messages, doc)
+    assert got == reference
+    m = final.metrics
+    assert m.mode == "auto" and m.structure.split()[0] in {"ar", "draft-only", "retrieval-only", "triforce"}
+    assert len(m.candidates) == 4 and all(c.ms_per_token > 0 for c in m.candidates)
+    second, final2 = answer_tokens(session, messages + [ChatMessage("assistant", final.text),
+                                                        ChatMessage("user", "Again.")], doc)
+    assert final2.metrics.candidates  # re-evaluated on the next turn from what the first measured
