@@ -26,18 +26,25 @@ def read_epub(path: Path, fh: BinaryIO, max_bytes: int) -> tuple[str, str, dict]
             total = sum(zf.getinfo(name).file_size for name in chapters)
             if total > 4 * max_bytes:  # a zip bomb, or a book far past the document limit
                 raise size_error(path, total, 4 * max_bytes)
-            texts = [html_to_text(_decode(zf.read(name)))[0] for name in chapters]
+            parsed = [html_to_text(_decode(zf.read(name))) for name in chapters]  # (text, title) each
     except DocumentError:
         raise
     except (zipfile.BadZipFile, KeyError, ElementTree.ParseError, EOFError, ValueError) as exc:
         raise DocumentError(
             f'"{path.name}" is a damaged EPUB ({type(exc).__name__}: {exc}). '
             "Download or export the book again, or convert it to PDF or text and open that.") from exc
-    text = "\n\n".join(t for t in (clean_text(t) for t in texts) if t)
+    texts = [(clean_text(t), clean_text(title)) for t, title in parsed]
+    text = "\n\n".join(t for t, _ in texts if t)
+    sections, offset = [], 0  # (label, start offset) per chapter: passages keep chapter boundaries
+    titles = [title for chapter, title in texts if chapter]
+    for number, (chapter, title) in enumerate((c for c in texts if c[0]), 1):
+        # many books repeat the book's title in every chapter's <title>: number those instead
+        sections.append((title[:80] if title and titles.count(title) == 1 else f"chapter {number}", offset))
+        offset += len(chapter) + 2
     if not text:
         raise DocumentError(f'"{path.name}" contains no text (an EPUB of images only?). Open a text version.')
     title = _dc_title(opf) or next(line for line in text.splitlines() if line.strip())[:200]
-    return text, title, {"chapters": len(chapters)}
+    return text, title, {"chapters": len(chapters), "sections": sections}
 
 
 def _xml(zf: zipfile.ZipFile, name: str) -> ElementTree.Element:

@@ -47,13 +47,18 @@ def read_pdf(path: Path, fh: BinaryIO, progress: PageProgress | None = None,
             f'"{path.name}" is a damaged PDF that cannot be read ({type(exc).__name__}: {exc}). '
             "Open it in a PDF viewer and save a new copy, or export the text another way.") from exc
     text = "\n\n".join(p for p in pages if p)
+    sections, offset = [], 0  # (label, start offset) per page with text: passages keep page boundaries
+    for number, page in enumerate(pages, 1):
+        if page:
+            sections.append((f"page {number}", offset))
+            offset += len(page) + 2
     if not text:
         raise DocumentError(
             f'"{path.name}" has no text layer ({len(pages)} page(s) of images only: a scanned document?). '
             "Run it through OCR first (e.g. `ocrmypdf in.pdf out.pdf`) and open the result.")
     if not title:
         title = next(line.strip() for line in text.splitlines() if line.strip())[:200]
-    return text, title, {"pages": len(pages), "empty_pages": sum(1 for p in pages if not p)}
+    return text, title, {"pages": len(pages), "empty_pages": sum(1 for p in pages if not p), "sections": sections}
 
 
 def _metadata_title(reader) -> str:
