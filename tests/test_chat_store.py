@@ -234,25 +234,45 @@ def test_newer_schema_refused_with_advice(tmp_path):
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE schema_version SET version = 7")
     conn.close()
-    with pytest.raises(StoreError, match=r"newer TriForce Chat \(schema v7.*up to v1\).*Update the app"):
+    with pytest.raises(StoreError, match=rf"newer TriForce Chat \(schema v7.*up to v{len(MIGRATIONS)}\).*Update the app"):
         ChatStore(path)
 
 
 def test_older_schema_is_migrated_with_a_backup(tmp_path):
     path = tmp_path / "chats.sqlite3"
     old = ChatStore(path)
-    chat = old.create_chat("from v1")
+    chat = old.create_chat("from the current schema")
     old.add_message(chat.id, "user", "kept")
     old.close()
-    v2 = Migration(2, "pin chats", ("ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0",))
-    new = ChatStore(path, migrations=(*MIGRATIONS, v2))
-    assert new._conn().execute("SELECT version FROM schema_version").fetchone()[0] == 2
+    now = len(MIGRATIONS)
+    pin = Migration(now + 1, "pin chats", ("ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0",))
+    new = ChatStore(path, migrations=(*MIGRATIONS, pin))
+    assert new._conn().execute("SELECT version FROM schema_version").fetchone()[0] == now + 1
     assert new._conn().execute("SELECT pinned FROM chats").fetchone()[0] == 0
     assert [m.text for m in new.messages(chat.id)] == ["kept"]
     new.close()
-    backup = sqlite3.connect(tmp_path / "chats.sqlite3.v1.bak")
-    assert backup.execute("SELECT version FROM schema_version").fetchone()[0] == 1
+    backup = sqlite3.connect(tmp_path / f"chats.sqlite3.v{now}.bak")
+    assert backup.execute("SELECT version FROM schema_version").fetchone()[0] == now
     backup.close()
+
+
+def test_v1_store_gains_message_states(tmp_path):
+    """A store written before message states opens with every message "done", except a last
+    question no answer follows, which a crash left behind: it comes back "interrupted"."""
+    path = tmp_path / "chats.sqlite3"
+    old = ChatStore(path, migrations=MIGRATIONS[:1])
+    answered, orphan = old.create_chat("answered"), old.create_chat("orphan")
+    for role, text in (("user", "q1"), ("assistant", "a1")):
+        old._conn().execute("INSERT INTO messages (chat_id, idx, role, text, created) VALUES (?, ?, ?, ?, 0)",
+                            (answered.id, 0 if role == "user" else 1, role, text))
+    old._conn().execute("INSERT INTO messages (chat_id, idx, role, text, created) VALUES (?, 0, 'user', 'lost?', 0)",
+                        (orphan.id,))
+    old.close()
+    new = ChatStore(path)
+    assert [m.state for m in new.messages(answered.id)] == ["done", "done"]
+    assert [m.state for m in new.messages(orphan.id)] == ["interrupted"]
+    assert new.retry_question(orphan.id).text == "lost?" and new.retry_question(answered.id) is None
+    new.close()
 
 
 def test_foreign_or_damaged_file_refused(tmp_path):
@@ -351,3 +371,133 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     store.close()
     assert main(["chats", "--export", str(chat.id), "--out", str(tmp_path / "no" / "such" / "dir.md")]) == 2
     assert "Cannot write" in capsys.readouterr().err
+
+
+# -- turns: a question and its answer as one transaction ------------------------------------
+
+def test_turn_writes_question_and_streaming_answer_together(store):
+    chat = store.create_chat("turns")
+    turn = store.begin_turn(chat.id, "Who is Ishmael?", checkpoint_s=3600)
+    assert [(m.role, m.text, m.state) for m in store.messages(chat.id)] == [
+        ("user", "Who is Ishmael?", "done"), ("assistant", "", "streaming")]
+    assert not turn.checkpoint("The nar")  # within the interval: no write
+    assert turn.checkpoint("The narr", [(0, 8, 1)], force=True)
+    assert store.messages(chat.id)[1].text == "The narr" and store.messages(chat.id)[1].level_spans == ((0, 8, 1),)
+    final = turn.finish("The narrator.", stats={"new_tokens": 4})
+    assert (final.text, final.state, final.stats, final.partial) == ("The narrator.", "done", {"new_tokens": 4}, False)
+    assert store.messages(chat.id)[1] == final
+    assert not turn.checkpoint("late", force=True)  # a finished turn is never rewritten
+    assert store.retry_question(chat.id) is None
+
+
+def test_turn_checkpoints_at_most_once_per_interval(store):
+    chat = store.create_chat("throttle")
+    turn = store.begin_turn(chat.id, "q", checkpoint_s=0.2)
+    saved, text, start = 0, "", time.monotonic()
+    while time.monotonic() - start < 1.0:
+        text += "x"
+        saved += turn.checkpoint(text)
+        time.sleep(0.005)
+    assert 3 <= saved <= 6  # ~1 s / 0.2 s, never once per token (~150 calls)
+    assert len(store.messages(chat.id)[1].text) >= len(text) - 60  # at most one interval behind
+
+
+def test_stopped_and_interrupted_marks_and_export(store):
+    chat = store.create_chat("marks")
+    store.begin_turn(chat.id, "stop me").finish("", state="stopped")
+    store.begin_turn(chat.id, "cut off").finish("Half an ans", state="interrupted")
+    states = [(m.role, m.state, m.partial) for m in store.messages(chat.id)]
+    assert states == [("user", "done", False), ("assistant", "stopped", True),
+                      ("user", "done", False), ("assistant", "interrupted", True)]
+    assert store.retry_question(chat.id).text == "cut off"
+    md = store.export_markdown(chat.id)
+    assert "*(stopped: partial answer)*" in md and "Half an ans\n\n*(interrupted: partial answer)*" in md
+    assert [m["state"] for m in store.export_json(chat.id)["messages"]][1::2] == ["stopped", "interrupted"]
+    with pytest.raises(ValueError, match="state must be one of"):
+        store.begin_turn(chat.id, "x").finish("y", state="streaming")
+
+
+def test_turn_on_a_deleted_chat_says_so(store):
+    chat = store.create_chat("gone")
+    turn = store.begin_turn(chat.id, "q")
+    store.delete_chat(chat.id)
+    assert not turn.checkpoint("a", force=True)
+    with pytest.raises(StoreError, match="deleted or edited meanwhile"):
+        turn.finish("answer")
+
+
+def test_discarded_turn_leaves_nothing(store):
+    chat = store.create_chat("failed turn")
+    store.begin_turn(chat.id, "q").discard()
+    assert store.messages(chat.id) == ()
+
+
+TURN_WRITER = textwrap.dedent("""
+    import sys, time
+    from engine.store.chats import ChatStore
+    store = ChatStore(sys.argv[1])
+    turn = store.begin_turn(int(sys.argv[2]), "question from " + sys.argv[3], checkpoint_s=0.05)
+    text = ""
+    for i in range(int(sys.argv[4])):
+        text += f"{i} "
+        turn.checkpoint(text)
+        time.sleep(0.01)
+    if sys.argv[5] == "finish":
+        turn.finish(text)
+    print("done", flush=True)
+    time.sleep(float(sys.argv[6]))  # stay alive (and owning the rows) for a while
+""")
+
+
+def test_crashed_writer_is_marked_interrupted_but_a_live_one_is_not(tmp_path):
+    path = tmp_path / "turns.sqlite3"
+    setup = ChatStore(path)
+    chat = setup.create_chat("recovery").id
+    setup.close()
+    dead = subprocess.Popen([sys.executable, "-c", TURN_WRITER, str(path), str(chat), "dead", "30", "no", "60"],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert dead.stdout.readline().strip() == "done"
+    dead.kill()
+    dead.communicate()
+    alive = subprocess.Popen([sys.executable, "-c", TURN_WRITER, str(path), str(chat), "alive", "5", "no", "60"],
+                             cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert alive.stdout.readline().strip() == "done"
+        store = ChatStore(path)  # opening recovers what the killed writer left
+        rows = [(m.role, m.text, m.state) for m in store.messages(chat)]
+        assert rows[0] == ("user", "question from dead", "done")
+        assert rows[1][2] == "interrupted" and rows[1][1].startswith("0 1 2 ") and len(rows[1][1]) >= 50
+        assert rows[2] == ("user", "question from alive", "done")
+        assert rows[3][2] == "streaming" and "0 1 2 3 4 ".startswith(rows[3][1])  # its last checkpoint
+        assert store.retry_question(chat) is None  # the last turn is still being written
+        store.close()
+    finally:
+        alive.kill()
+        alive.communicate()
+    store = ChatStore(path)
+    assert [m.state for m in store.messages(chat)] == ["done", "interrupted", "done", "interrupted"]
+    assert store.retry_question(chat).text == "question from alive"
+    store.close()
+
+
+def test_two_writers_never_split_a_turn(tmp_path):
+    path = tmp_path / "two.sqlite3"
+    setup = ChatStore(path)
+    chat = setup.create_chat("shared").id
+    setup.close()
+    procs = [subprocess.Popen([sys.executable, "-c", TURN_WRITER, str(path), str(chat), name, "8", "finish", "0"],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True) for name in ("a", "b", "c")]
+    for _ in range(2):  # a second turn each, racing the others'
+        for p in procs:
+            p.communicate(timeout=60)
+        procs = [subprocess.Popen([sys.executable, "-c", TURN_WRITER, str(path), str(chat), name, "8", "finish", "0"],
+                                  cwd=REPO, stdout=subprocess.PIPE, text=True) for name in ("a", "b", "c")]
+    for p in procs:
+        p.communicate(timeout=60)
+    store = ChatStore(path)
+    messages = store.messages(chat)
+    store.close()
+    assert len(messages) == 18
+    for question, answer in zip(messages[0::2], messages[1::2]):
+        assert (question.role, answer.role, answer.state) == ("user", "assistant", "done")
+        assert answer.text == "0 1 2 3 4 5 6 7 "

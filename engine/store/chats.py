@@ -5,8 +5,6 @@ as frozen dataclasses. Safe to use from the GUI thread and a worker thread at on
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
 import sqlite3
@@ -14,109 +12,17 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from engine.store import paths
 from engine.errors import StoreError
 from engine.events import DocumentText
-
-ROLES = ("system", "user", "assistant")
-
-
-@dataclass(frozen=True)
-class Migration:
-    """Brings the schema from `version - 1` to `version`; statements run in one transaction."""
-
-    version: int
-    summary: str
-    statements: tuple[str, ...]
-
-
-MIGRATIONS: tuple[Migration, ...] = (
-    Migration(1, "initial schema", (
-        """CREATE TABLE chats (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            title TEXT NOT NULL,
-            created REAL NOT NULL,
-            updated REAL NOT NULL,
-            model_spec TEXT NOT NULL DEFAULT '',
-            settings TEXT NOT NULL DEFAULT '{}')""",
-        """CREATE TABLE messages (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            idx INTEGER NOT NULL,
-            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-            text TEXT NOT NULL,
-            created REAL NOT NULL,
-            stats TEXT NOT NULL DEFAULT '{}',
-            level_spans TEXT NOT NULL DEFAULT '[]',
-            UNIQUE (chat_id, idx))""",
-        """CREATE TABLE documents (
-            sha256 TEXT PRIMARY KEY,
-            title TEXT NOT NULL,
-            source TEXT NOT NULL,
-            text TEXT NOT NULL,
-            bytes INTEGER NOT NULL,
-            format TEXT NOT NULL)""",
-        """CREATE TABLE chat_documents (
-            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            doc_sha256 TEXT NOT NULL REFERENCES documents(sha256),
-            position INTEGER NOT NULL,
-            token_counts TEXT NOT NULL DEFAULT '{}',
-            PRIMARY KEY (chat_id, doc_sha256))""",
-        "CREATE INDEX chat_documents_by_doc ON chat_documents(doc_sha256)",
-        "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-        "CREATE INDEX chats_by_updated ON chats(updated)",
-    )),
+from engine.store import paths
+from engine.store.chat_schema import (
+    MIGRATIONS, ROLES, STATES, Chat, ChatSummary, Message, Migration, StoredDocument, advice, checked_spans,
+    contains_ci, drop_orphan_documents, dumps, iso, message_from_row, plain, text_sha256,
 )
-
-
-@dataclass(frozen=True)
-class Message:
-    id: int
-    chat_id: int
-    idx: int  # 0-based position in the chat
-    role: str
-    text: str
-    created: float  # unix seconds
-    stats: dict = field(default_factory=dict, compare=False, hash=False)
-    level_spans: tuple[tuple[int, int, int], ...] = ()  # (start_char, end_char, level)
-
-
-@dataclass(frozen=True)
-class Chat:
-    id: int
-    title: str
-    created: float
-    updated: float
-    model_spec: str
-    settings: dict = field(default_factory=dict, compare=False, hash=False)
-    messages: tuple[Message, ...] = ()
-
-
-@dataclass(frozen=True)
-class ChatSummary:
-    id: int
-    title: str
-    created: float
-    updated: float
-    model_spec: str
-    message_count: int
-
-
-@dataclass(frozen=True)
-class StoredDocument:
-    sha256: str
-    title: str
-    source: str
-    bytes: int
-    format: str
-    position: int
-    token_counts: dict = field(default_factory=dict, compare=False, hash=False)  # model id -> tokens
-    text: str = ""  # "" when fetched with with_text=False
+from engine.store.turns import CHECKPOINT_INTERVAL_S, Turn, insert_turn, recover_interrupted, writer_id
 
 
 class ChatStore:
@@ -136,6 +42,8 @@ class ChatStore:
             raise StoreError(f"Cannot create the folder for the chat store {self.path.parent} ({exc.strerror}). "
                              "Check its permissions or set TRIFORCE_HOME to a writable folder.") from None
         self._migrate(migrations)
+        if self.schema_version >= 2:
+            recover_interrupted(self)  # answers a crashed or killed writer left half-written
 
     # -- connections and transactions ---------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -149,7 +57,7 @@ class ChatStore:
                 conn.execute("PRAGMA synchronous=FULL")
                 conn.execute("PRAGMA foreign_keys=ON")
                 conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
-                conn.create_function("contains_ci", 2, _contains_ci, deterministic=True)
+                conn.create_function("contains_ci", 2, contains_ci, deterministic=True)
                 conn.row_factory = sqlite3.Row
             self._local.conn, self._local.depth = conn, 0
             with self._lock:
@@ -162,6 +70,8 @@ class ChatStore:
         conn = self._conn()
         depth = self._local.depth
         with self._errors():
+            if depth == 0 and conn.in_transaction:  # a signal cut the last one short between BEGIN and try
+                conn.execute("ROLLBACK")
             # IMMEDIATE takes the write lock up front, so two writers queue instead of deadlocking.
             conn.execute(_begin if depth == 0 else f"SAVEPOINT sp{depth}")
         self._local.depth = depth + 1
@@ -188,11 +98,11 @@ class ChatStore:
         try:
             yield
         except sqlite3.OperationalError as exc:
-            raise StoreError(_advice(self.path, str(exc))) from exc
+            raise StoreError(advice(self.path, str(exc))) from exc
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError)):
                 raise  # our bug, stays loud
-            raise StoreError(_advice(self.path, str(exc))) from exc
+            raise StoreError(advice(self.path, str(exc))) from exc
 
     def close(self) -> None:
         """Close every thread's connection (call once, at shutdown, when no thread uses the store)."""
@@ -253,7 +163,7 @@ class ChatStore:
         now = time.time()
         with self.transaction() as conn:
             cur = conn.execute("INSERT INTO chats (title, created, updated, model_spec, settings) VALUES (?,?,?,?,?)",
-                               (title, now, now, model_spec, _dumps(settings or {})))
+                               (title, now, now, model_spec, dumps(settings or {})))
         return Chat(cur.lastrowid, title, now, now, model_spec, dict(settings or {}))
 
     def rename_chat(self, chat_id: int, title: str) -> None:
@@ -264,7 +174,7 @@ class ChatStore:
 
     def set_chat_settings(self, chat_id: int, settings: dict) -> None:
         """Replace the chat's settings (any JSON-able dict, e.g. DecodeSettings as a dict)."""
-        self._update_chat(chat_id, "settings = ?", (_dumps(settings),))
+        self._update_chat(chat_id, "settings = ?", (dumps(settings),))
 
     def get_chat_settings(self, chat_id: int) -> dict:
         return json.loads(self._chat_row(chat_id)["settings"])
@@ -274,7 +184,7 @@ class ChatStore:
         with self.transaction() as conn:
             self._require_chat(conn, chat_id)
             conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
-            _drop_orphan_documents(conn)
+            drop_orphan_documents(conn)
 
     def list_chats(self, search: str | None = None) -> list[ChatSummary]:
         """Chats, most recently updated first; `search` matches titles and message text (case-insensitive)."""
@@ -299,39 +209,44 @@ class ChatStore:
             row = self._require_chat(conn, chat_id)
             messages = conn.execute("SELECT * FROM messages WHERE chat_id = ? ORDER BY idx", (chat_id,)).fetchall()
         return Chat(row["id"], row["title"], row["created"], row["updated"], row["model_spec"],
-                    json.loads(row["settings"]), tuple(_message(m) for m in messages))
+                    json.loads(row["settings"]), tuple(message_from_row(m) for m in messages))
 
     # -- messages -------------------------------------------------------------------------------
     def messages(self, chat_id: int) -> tuple[Message, ...]:
         return self.get_chat(chat_id).messages
 
     def add_message(self, chat_id: int, role: str, text: str, *, stats: Any = None,
-                    level_spans: Sequence[Sequence[int]] = ()) -> Message:
-        """Append a message; stats is a JSON-able dict (or dataclass), level_spans [(start, end, level)]."""
+                    level_spans: Sequence[Sequence[int]] = (), state: str = "done") -> Message:
+        """Append a message; stats is a JSON-able dict (or dataclass), level_spans [(start, end, level)].
+        A question and its answer are better written together: see begin_turn."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-        spans = _spans(level_spans)
+        _check_state(state)
+        spans = checked_spans(level_spans)
         now = time.time()
         with self.transaction() as conn:
             self._require_chat(conn, chat_id)
             idx = conn.execute("SELECT COALESCE(MAX(idx) + 1, 0) FROM messages WHERE chat_id = ?",
                                (chat_id,)).fetchone()[0]
             cur = conn.execute(
-                "INSERT INTO messages (chat_id, idx, role, text, created, stats, level_spans) VALUES (?,?,?,?,?,?,?)",
-                (chat_id, idx, role, text, now, _dumps(_plain(stats)), json.dumps(spans)))
+                "INSERT INTO messages (chat_id, idx, role, text, created, stats, level_spans, state, owner) "
+                "VALUES (?,?,?,?,?,?,?,?,?)",
+                (chat_id, idx, role, text, now, dumps(plain(stats)), json.dumps(spans), state, writer_id()))
             conn.execute("UPDATE chats SET updated = ? WHERE id = ?", (now, chat_id))
-        return Message(cur.lastrowid, chat_id, idx, role, text, now, _plain(stats), spans)
+        return Message(cur.lastrowid, chat_id, idx, role, text, now, plain(stats), spans, state)
 
     def update_message(self, chat_id: int, idx: int, *, text: str | None = None, stats: Any = None,
-                       level_spans: Sequence[Sequence[int]] | None = None) -> Message:
-        """Change a message's text, stats and/or level spans (arguments left None stay)."""
+                       level_spans: Sequence[Sequence[int]] | None = None, state: str | None = None) -> Message:
+        """Change a message's text, stats, level spans and/or state (arguments left None stay)."""
         changes, params = [], []
+        if state is not None:
+            changes.append("state = ?"), params.append(_check_state(state))
         if text is not None:
             changes.append("text = ?"), params.append(text)
         if stats is not None:
-            changes.append("stats = ?"), params.append(_dumps(_plain(stats)))
+            changes.append("stats = ?"), params.append(dumps(plain(stats)))
         if level_spans is not None:
-            changes.append("level_spans = ?"), params.append(json.dumps(_spans(level_spans)))
+            changes.append("level_spans = ?"), params.append(json.dumps(checked_spans(level_spans)))
         with self.transaction() as conn:
             self._require_chat(conn, chat_id)
             if changes:
@@ -341,7 +256,27 @@ class ChatStore:
             row = conn.execute("SELECT * FROM messages WHERE chat_id = ? AND idx = ?", (chat_id, idx)).fetchone()
             if row is None:
                 raise StoreError(f"Message {idx} of chat {chat_id} no longer exists (edited or deleted meanwhile).")
-        return _message(row)
+        return message_from_row(row)
+
+    def begin_turn(self, chat_id: int, question: str, *, checkpoint_s: float = CHECKPOINT_INTERVAL_S) -> Turn:
+        """Write a question and an empty answer marked "streaming" in one transaction; the Turn
+        checkpoints the answer as it streams and finishes it (done, stopped or interrupted)."""
+        with self.transaction() as conn:
+            self._require_chat(conn, chat_id)
+            asked, answer = insert_turn(conn, chat_id, question, time.time())
+        return Turn(self, asked, answer, checkpoint_s)
+
+    def retry_question(self, chat_id: int) -> Message | None:
+        """The question to ask again when the chat's last turn was cut off (its answer, or the question
+        itself, marked "interrupted"); None when the last turn is complete, stopped or still streaming."""
+        rows = self._read("SELECT * FROM messages WHERE chat_id = ? AND role IN ('user', 'assistant') "
+                          "ORDER BY idx DESC LIMIT 2", (chat_id,))
+        last = [message_from_row(r) for r in rows]
+        if last and last[0].role == "user" and last[0].state == "interrupted":
+            return last[0]
+        if len(last) == 2 and last[0].state == "interrupted" and last[1].role == "user":
+            return last[1]
+        return None
 
     def delete_messages_from(self, chat_id: int, idx: int) -> int:
         """Delete messages idx, idx+1, ... (edit/regenerate); returns how many went."""
@@ -354,7 +289,7 @@ class ChatStore:
     # -- documents ------------------------------------------------------------------------------
     def add_document(self, chat_id: int, doc: DocumentText) -> StoredDocument:
         """Attach a document to a chat; its text is stored once per content hash, however many chats use it."""
-        sha = _text_sha256(doc.text)
+        sha = text_sha256(doc.text)
         meta = doc.meta or {}
         with self.transaction() as conn:
             self._require_chat(conn, chat_id)
@@ -376,7 +311,7 @@ class ChatStore:
         with self.transaction() as conn:
             self._require_chat(conn, chat_id)
             conn.execute("DELETE FROM chat_documents WHERE chat_id = ? AND doc_sha256 = ?", (chat_id, sha256))
-            _drop_orphan_documents(conn)
+            drop_orphan_documents(conn)
 
     def chat_documents(self, chat_id: int, with_text: bool = True) -> tuple[StoredDocument, ...]:
         """The chat's documents in the order they were added."""
@@ -396,14 +331,14 @@ class ChatStore:
                 raise StoreError(f"Chat {chat_id} has no document {sha256[:12]} (removed meanwhile?).")
             counts = json.loads(row[0]) | {model_id: int(tokens)}
             conn.execute("UPDATE chat_documents SET token_counts = ? WHERE chat_id = ? AND doc_sha256 = ?",
-                         (_dumps(counts), chat_id, sha256))
+                         (dumps(counts), chat_id, sha256))
 
     # -- global settings ------------------------------------------------------------------------
     def set_setting(self, key: str, value: Any) -> None:
         """Store one JSON-able app setting."""
         with self.transaction() as conn:
             conn.execute("INSERT INTO settings (key, value) VALUES (?, ?) "
-                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, _dumps(value)))
+                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, dumps(value)))
 
     def get_setting(self, key: str, default: Any = None) -> Any:
         rows = self._read("SELECT value FROM settings WHERE key = ?", (key,))
@@ -417,11 +352,11 @@ class ChatStore:
         return {
             "format": "triforce-chat",
             "schema": self.schema_version,
-            "exported": _iso(time.time()),
-            "chat": {"id": chat.id, "title": chat.title, "created": _iso(chat.created),
-                     "updated": _iso(chat.updated), "model_spec": chat.model_spec, "settings": chat.settings},
-            "messages": [{"idx": m.idx, "role": m.role, "text": m.text, "created": _iso(m.created),
-                          "stats": m.stats, "level_spans": [list(s) for s in m.level_spans]}
+            "exported": iso(time.time()),
+            "chat": {"id": chat.id, "title": chat.title, "created": iso(chat.created),
+                     "updated": iso(chat.updated), "model_spec": chat.model_spec, "settings": chat.settings},
+            "messages": [{"idx": m.idx, "role": m.role, "text": m.text, "created": iso(m.created),
+                          "stats": m.stats, "level_spans": [list(s) for s in m.level_spans], "state": m.state}
                          for m in chat.messages],
             "documents": [{"sha256": d.sha256, "title": d.title, "source": d.source, "bytes": d.bytes,
                            "format": d.format, "position": d.position, "token_counts": d.token_counts,
@@ -434,11 +369,13 @@ class ChatStore:
         lines = [f"# {chat.title}", ""]
         if chat.model_spec:
             lines.append(f"- Model: {chat.model_spec}")
-        lines.append(f"- Created: {_iso(chat.created)}")
+        lines.append(f"- Created: {iso(chat.created)}")
         for doc in self.chat_documents(chat_id, with_text=False):
             lines.append(f"- Document: {doc.title} ({doc.format}, {doc.bytes:,} bytes)")
         for message in chat.messages:
             lines += ["", f"## {message.role.capitalize()}", "", message.text.rstrip()]
+            if message.state != "done":
+                lines += ["", _PARTIAL_NOTES[message.role == "user"][message.state]]
         return "\n".join(lines) + "\n"
 
     # -- helpers --------------------------------------------------------------------------------
@@ -461,67 +398,22 @@ class ChatStore:
         return row
 
 
+_PARTIAL_NOTES = (  # what an export says under a message that is not whole: [is a question][state]
+    {"streaming": "*(partial answer: still being written)*", "stopped": "*(stopped: partial answer)*",
+     "interrupted": "*(interrupted: partial answer)*"},
+    {"streaming": "", "stopped": "*(not answered: stopped)*", "interrupted": "*(not answered: interrupted)*"},
+)
+
+
+def _check_state(state: str) -> str:
+    if state not in STATES:
+        raise ValueError(f"state must be one of {STATES}, not {state!r}")
+    return state
+
+
 def _no_chat(chat_id: int) -> StoreError:
     return StoreError(f"Chat {chat_id} does not exist (deleted meanwhile?). Pick another chat from the list.")
 
 
-def _advice(path: Path, detail: str) -> str:
-    low = detail.lower()
-    if "locked" in low or "busy" in low:
-        return (f"The chat store {path} is busy ({detail}): another TriForce Chat may be writing to it. "
-                "Close other windows of the app and try again.")
-    if "full" in low:
-        return f"Cannot save to the chat store {path}: the disk is full. Free some disk space and try again."
-    if "readonly" in low or "read-only" in low or "unable to open" in low or "permission" in low:
-        return (f"Cannot open or write the chat store {path} ({detail}). Check the folder's permissions, "
-                "or set TRIFORCE_HOME to a writable folder.")
-    if "not a database" in low or "malformed" in low or "corrupt" in low:
-        return (f"The chat store {path} is damaged ({detail}). Move it aside (the app starts an empty one) "
-                "and restore a backup if you have one.")
-    return f"The chat store {path} failed ({detail}). Check free disk space and permissions, then try again."
-
-
-def _drop_orphan_documents(conn: sqlite3.Connection) -> None:
-    conn.execute("DELETE FROM documents WHERE sha256 NOT IN (SELECT doc_sha256 FROM chat_documents)")
-
-
-def _message(row: sqlite3.Row) -> Message:
-    spans = tuple(tuple(s) for s in json.loads(row["level_spans"]))
-    return Message(row["id"], row["chat_id"], row["idx"], row["role"], row["text"], row["created"],
-                   json.loads(row["stats"]), spans)
-
-
-def _spans(level_spans: Sequence[Sequence[int]]) -> tuple[tuple[int, int, int], ...]:
-    spans = tuple((int(a), int(b), int(level)) for a, b, level in level_spans)
-    if any(not 0 <= a <= b for a, b, _ in spans):
-        raise ValueError(f"level spans must be (start, end, level) with 0 <= start <= end: {spans[:3]}...")
-    return spans
-
-
-def _plain(value: Any) -> Any:
-    # Metrics and other frozen dataclasses are stored as their dicts; no stats is an empty dict.
-    if value is None:
-        return {}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return value
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _contains_ci(haystack: str | None, needle: str | None) -> bool:
-    return bool(haystack) and bool(needle) and needle.casefold() in haystack.casefold()
-
-
-def _text_sha256(text: str) -> str:
-    # Same key as engine.documents.text_sha256: sha256 of the UTF-8 text.
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
-
-
-__all__ = ["ChatStore", "Chat", "ChatSummary", "Message", "StoredDocument", "Migration", "MIGRATIONS", "ROLES"]
+__all__ = ["ChatStore", "Chat", "ChatSummary", "Message", "StoredDocument", "Migration", "MIGRATIONS", "ROLES",
+           "STATES", "Turn"]
