@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFileDialog
                                QSplitter, QVBoxLayout, QWidget)
 
 from engine.errors import UserError
-from engine.store.presets import BUNDLED_ID, PRESETS
+from engine.api import BUNDLED_ID, PRESETS
 
 PROFILES = (("auto", "This computer (detected)"), ("cpu", "CPU only"), ("4090", "One RTX 4090 (24 GB)"),
             ("4090x2", "Two RTX 4090s (2 × 24 GB)"))
@@ -44,7 +44,7 @@ def builtin_choices() -> list[ModelChoice]:
 
 def local_choices() -> list[ModelChoice]:
     try:
-        from engine.store.models import list_local_models
+        from engine.api import list_local_models
         models = list_local_models()
     except Exception:  # noqa: BLE001 - a broken cache folder must not break the picker
         return []
@@ -209,7 +209,7 @@ class ModelPicker(QDialog):
     @staticmethod
     def _shape(spec: str):
         try:
-            from engine.offload.shapes import shape_for
+            from engine.api import shape_for
             return shape_for(spec)
         except (UserError, ImportError):
             return None
@@ -219,14 +219,9 @@ class ModelPicker(QDialog):
         if c is None:
             return
         try:
-            from engine.offload.shapes import shape_for
-            from engine.offload.planner import describe, plan_placement
-            target = shape_for(c.shape_spec)
-            draft = shape_for(c.draft) if c.draft not in ("ngram", "none") else None
-            settings = self._decode_settings()
-            context = min(self.context.value(), target.max_context)
-            plan = plan_placement(target, draft, context, settings.fit_budget(context),
-                                  self.profile.currentData(), raise_on_misfit=False)
+            from engine.api import describe_plan, preview_plan
+            plan = preview_plan(c.shape_spec, c.draft, self.context.value(), self._decode_settings(),
+                                self.profile.currentData())
         except UserError as exc:
             self._show_verdict(None, str(exc))
             self.plan_text.setPlainText("")
@@ -234,7 +229,7 @@ class ModelPicker(QDialog):
         except ImportError:
             self._show_verdict(None, "The planner is not available in this build.")
             return
-        self.plan_text.setPlainText(describe(plan))
+        self.plan_text.setPlainText(describe_plan(plan))
         if plan.fits:
             f = plan.floors
             self._show_verdict(True, f"Fits ({plan.mode}). Modelled speed: {f.tokens_per_s:.1f} tokens/s, "

@@ -16,9 +16,9 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGridLayout, Q
 
 from app.panels.common import Card
 from app.theme import Colors, colors
-from engine.documents import MAX_BYTES
+from engine.api import MAX_DOCUMENT_BYTES as MAX_BYTES
+from engine.api import SNAPSHOT_CACHE_BYTES
 from engine.errors import InvalidSettingError
-from engine.store.paths import SNAPSHOT_CACHE_BYTES
 from engine.settings import MODES, DecodeSettings, Sampling
 
 CHUNKS = (4, 8, 16, 32, 64, 128, 256)

@@ -3,8 +3,10 @@
 Commands come in as queued signals from `EngineController` (GUI thread); results go out as
 `Signal(object)` carrying the engine's frozen dataclasses. Two things are called directly
 from the GUI thread because the worker thread is busy inside a generation loop when they
-matter: `cancel()` (sets flags; `ChatSession.cancel()` is thread-safe) and
-`apply_settings()` (`ChatSession.update_settings()` takes effect at the next step).
+matter: `cancel()` (sets the job's own cancel token, which the session checks between steps) and
+`apply_settings()` (`ChatSession.update_settings()` only validates and queues the settings; the
+engine thread applies them between two steps, so no drafter or buffer is ever built on the GUI
+thread).
 No widget is ever touched here.
 """
 from __future__ import annotations
@@ -19,11 +21,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine.documents import MAX_BYTES
+from engine.api import MAX_DOCUMENT_BYTES, SNAPSHOT_CACHE_BYTES, Cancelled, Engine, read_document
 from engine.errors import ReadCancelled, UserError
 from engine.events import (ChatMessage, DocumentText, Finished, FinishReason, Metrics, PrefillProgress, ReadProgress,
                            TokenText)
-from engine.store.paths import SNAPSHOT_CACHE_BYTES
 from engine.settings import DecodeSettings
 
 log = logging.getLogger(__name__)
@@ -103,58 +104,40 @@ class JobFailed:
 # ----------------------------------------------------------------------------- backend
 
 class EngineBackend:
-    """How the worker builds a session. Swappable in tests; the default uses the real engine."""
+    """How the worker builds a session: the engine's facade (engine.api.Engine), in the steps the
+    worker needs between them (drop the old model after the download, before the weights load).
+    Swappable in tests."""
 
-    max_document_bytes = MAX_BYTES  # the Settings panel changes both
+    max_document_bytes = MAX_DOCUMENT_BYTES  # the Settings panel changes both
     snapshot_cap_bytes = SNAPSHOT_CACHE_BYTES
     FIRST_CACHE_TOKENS = 16384  # a GPU session's full cache starts this big and grows with the chat
+
+    def _engine(self) -> Engine:
+        return Engine(snapshot_cap_bytes=self.snapshot_cap_bytes, first_cache_tokens=self.FIRST_CACHE_TOKENS)
 
     def resolve(self, spec: str, progress: Callable[[str, float | None], None],
                 cancel: Callable[[], bool]) -> Any:
         """Find the model's folder: download or convert it if needed (slow, cancellable, no RAM)."""
-        from engine.store.models import resolve_model
-        return resolve_model(spec, progress=progress, cancel=cancel)
+        return Engine.resolve(spec, progress, cancel)
 
     def plan_for(self, resolved: Any, draft_resolved: Any, settings: DecodeSettings) -> Any:
-        """On a CUDA machine: the planner's placement (an engine.model.placement.GpuPlacement) for the
-        model's whole context (one card, a layer split or tensor parallel), made from config.json
-        before any weight is read. Raises OutOfMemoryPlanError, with the numbers, when it cannot
-        fit. None without a GPU (everything then runs on the CPU)."""
-        from engine.model.placement import placement_for_folders
-        path = Path(getattr(resolved, "path", resolved))
-        draft_path = None if draft_resolved is None else Path(getattr(draft_resolved, "path", draft_resolved))
-        return placement_for_folders(path, draft_path, None, settings)
+        """On a CUDA machine: the planner's placement for the model's whole context (one card, a
+        layer split or tensor parallel), made from config.json before any weight is read. Raises
+        OutOfMemoryPlanError, with the numbers, when it cannot fit. None without a GPU."""
+        return self._engine().place(resolved, draft_resolved, settings)
 
     def load(self, resolved: Any, plan: Any = None, draft: bool = False) -> Any:
-        """Load a resolved folder's weights and tokenizer where `plan` (a GpuPlacement or a Plan)
-        puts them (target: its cards; draft: its draft card); without one, on the best device."""
-        from engine.model.loading import load_folder
-        if plan is None:
-            return load_folder(resolved)
-        plan = getattr(plan, "plan", plan)
-        if draft:
-            return load_folder(resolved, device=plan.draft_device or "auto")
-        from engine.model.placement import Placement
-        return load_folder(resolved, placement=Placement.from_plan(plan))
+        """Load a resolved folder's weights where `plan` puts them (target: its cards; draft: its card)."""
+        return self._engine().load_weights(resolved, plan, draft=draft)
 
     def session(self, target: Any, settings: DecodeSettings, draft: Any, plan: Any = None) -> Any:
         """A GpuPlacement starts the KV cache at FIRST_CACHE_TOKENS and lets it grow, offloading
         as the plan for each size says (a short chat keeps every layer on the card)."""
-        from engine.decoding.session import ChatSession
-        if hasattr(plan, "cache_factory"):
-            return ChatSession(target, settings, draft=draft, snapshots=self.snapshots(),
-                               cache_factory=plan.cache_factory(), initial_capacity=self.FIRST_CACHE_TOKENS)
-        return ChatSession(target, settings, draft=draft, snapshots=self.snapshots(), plan=plan)
-
-    def snapshots(self) -> Any:
-        """Prefilled books on disk: reopening a chat with a long document skips most of its prefill."""
-        from engine.store.snapshots import SnapshotStore
-        return SnapshotStore(max_bytes=self.snapshot_cap_bytes)
+        return self._engine().session(target, settings, draft, plan)
 
     def read_document(self, path: str, progress: Callable[[int, int], None] | None = None,
                       cancel: Callable[[], bool] | None = None) -> DocumentText:
         """Read a file (a PDF reports its pages and stops between two when `cancel` says so)."""
-        from engine.documents import read_document
         return read_document(path, max_bytes=self.max_document_bytes, progress=progress, cancel=cancel)
 
 
@@ -190,20 +173,18 @@ class EngineWorker(QObject):
         self._target: Any = None
         self._settings = settings or DecodeSettings()
         self._active_job = 0
-        self._cancelled: set[int] = set()
+        self._tokens: dict[int, threading.Event] = {}  # job -> its cancel token (made by whoever comes first)
         self._load_cancel = threading.Event()
 
     # --- called directly from the GUI thread (thread-safe) -------------------------------
 
     def cancel(self, job: int | None = None) -> None:
-        """Stop `job` (default: whatever runs now). Honoured within one engine step."""
+        """Stop `job` (default: whatever runs now). Honoured within one engine step; a job stopped
+        before it started never starts (its token is already set when the session gets it)."""
         with self._lock:
             job = self._active_job if job is None else job
             if job:
-                self._cancelled.add(job)
-            session = self._session if job == self._active_job else None
-        if session is not None:
-            session.cancel()
+                self._token_locked(job).set()
 
     def cancel_load(self) -> None:
         self._load_cancel.set()
@@ -313,7 +294,7 @@ class EngineWorker(QObject):
             for r in ready:
                 self.documentReady.emit(r)
             self._run_events(job, session, session.prefill(list(conversation.messages), documents,
-                                                           conversation.system))
+                                                           conversation.system, cancel=self._token(job)))
         except BaseException as exc:  # noqa: BLE001
             self._report(job, "ingest", exc)
         finally:
@@ -326,7 +307,7 @@ class EngineWorker(QObject):
         try:
             session = self._require_session()
             self._run_events(job, session, session.prefill(list(conversation.messages), list(conversation.documents),
-                                                  conversation.system))
+                                                  conversation.system, cancel=self._token(job)))
         except BaseException as exc:  # noqa: BLE001
             self._report(job, "prefill", exc)
         finally:
@@ -339,7 +320,7 @@ class EngineWorker(QObject):
         try:
             session = self._require_session()
             self._run_events(job, session, session.stream(list(conversation.messages), list(conversation.documents),
-                                                 conversation.system))
+                                                 conversation.system, cancel=self._token(job)))
         except BaseException as exc:  # noqa: BLE001
             self._report(job, "stream", exc)
         finally:
@@ -380,7 +361,7 @@ class EngineWorker(QObject):
         with self._lock:
             if self._active_job == job:
                 self._active_job = 0
-            self._cancelled.discard(job)
+            self._tokens.pop(job, None)
         self.jobDone.emit(job)
 
     def _page_progress(self, job: int, path: str) -> Callable[[int, int], None]:
@@ -394,16 +375,25 @@ class EngineWorker(QObject):
                 self.engineEvent.emit(job, ReadProgress(name, done, total))
         return report
 
-    def _is_cancelled(self, job: int) -> bool:
+    def _token_locked(self, job: int) -> threading.Event:
+        token = self._tokens.get(job)
+        if token is None:
+            token = self._tokens[job] = threading.Event()
+        return token
+
+    def _token(self, job: int) -> threading.Event:
+        """`job`'s cancel token, handed to the session so a stop reaches exactly that job."""
         with self._lock:
-            return job in self._cancelled
+            return self._token_locked(job)
+
+    def _is_cancelled(self, job: int) -> bool:
+        return self._token(job).is_set()
 
     def _run_events(self, job: int, session: Any, events: Iterator[Any]) -> None:
         """Forward engine events, coalescing token text and throttling metrics/progress."""
         pending: list[TokenText] = []
         last_tokens = last_metrics = last_progress = 0.0
         held: dict[type, Any] = {}  # newest throttled Metrics / PrefillProgress not yet sent
-        cancel_sent = False
 
         def flush_tokens() -> None:
             if pending:
@@ -414,9 +404,6 @@ class EngineWorker(QObject):
             self.engineEvent.emit(job, Finished(FinishReason.CANCELLED, ""))
             return
         for event in events:
-            if not cancel_sent and self._is_cancelled(job):
-                session.cancel()  # idempotent flag; covers a stop that raced the stream's start
-                cancel_sent = True
             now = time.monotonic()
             if isinstance(event, TokenText):
                 pending.append(event)
@@ -450,7 +437,7 @@ class EngineWorker(QObject):
     def _report(self, job: int, kind: str, exc: BaseException, path: str = "") -> None:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise exc
-        cancelled = type(exc).__name__.endswith("Cancelled")  # e.g. model_store.ResolveCancelled
+        cancelled = isinstance(exc, Cancelled)
         user = isinstance(exc, UserError) or cancelled
         details = "" if user else traceback.format_exc()
         if not user:

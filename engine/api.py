@@ -1,2 +1,232 @@
-"""The engine's one facade (filled in next): the app, the CLI and the benchmarks open models and
-sessions here."""
+"""The engine's one facade: how the app, `chat`, `bench` and the model picker open models and sessions.
+
+    engine = Engine()                                   # devices="auto": the planner decides
+    session = engine.open("bundled", "ngram", DecodeSettings())
+    for event in session.stream([ChatMessage("user", "Hi")]): ...
+
+`open` is `resolve` (find, download or convert the files; slow, cancellable, no weights in memory)
+followed by `load` (plan where weights and KV go from config.json, load the weights there, build the
+session with its cache factory and snapshot store). The app calls the two halves itself so the old
+model keeps answering while a new one downloads, and is dropped before the new weights load.
+
+Besides `Engine`, this module re-exports what a front end needs from the layers below (the chat store,
+documents, presets, paths, memory telemetry, plan previews), so front ends import nothing else from
+the engine but the shared types (engine.events, engine.errors, engine.settings). Heavy modules (torch,
+transformers) are imported only when a model is loaded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from engine.documents import MAX_BYTES as MAX_DOCUMENT_BYTES
+from engine.documents import read_document
+from engine.errors import Cancelled, UserError
+from engine.settings import DecodeSettings
+from engine.store.chats import ChatStore, ChatSummary, Message, StoredDocument
+from engine.store.paths import SNAPSHOT_CACHE_BYTES, app_home
+from engine.store.presets import BUNDLED_ID, PRESETS
+
+if TYPE_CHECKING:
+    from engine.decoding.session import ChatSession
+    from engine.model.loading import LoadedModel
+    from engine.model.placement import GpuPlacement
+    from engine.store.models import ModelFolder
+
+__all__ = ["BUNDLED_ID", "MAX_DOCUMENT_BYTES", "PRESETS", "SNAPSHOT_CACHE_BYTES", "Cancelled", "ChatStore",
+           "ChatSummary", "Engine", "Message", "OpenedModel", "StoredDocument", "app_home", "describe_plan",
+           "list_local_models", "preview_plan", "read_document", "sample_memory", "shape_for"]
+
+Progress = Callable[[str, float | None], None]
+DRAFTERS_WITHOUT_MODEL = ("ngram", "none")
+
+
+@dataclass(frozen=True)
+class OpenedModel:
+    """What a front end shows about an open session: names, where the weights run, the plan."""
+
+    spec: str
+    name: str
+    model_id: str
+    device: str  # where the weights run: "cpu", "cuda:0", "cuda:0+cuda:1 (tensor parallel)"
+    max_context: int
+    draft: str
+    source: str = ""
+    plan_mode: str | None = None  # the planner's choice on a GPU machine; None on the CPU
+    kv_layers_offloaded: int = 0
+
+
+class Engine:
+    """Opens sessions. One per front end; holds only configuration, never a model."""
+
+    def __init__(self, devices: str = "auto", *, snapshots: bool = True,
+                 snapshot_cap_bytes: int = SNAPSHOT_CACHE_BYTES, first_cache_tokens: int | None = 16384) -> None:
+        """devices: "auto" (the planner places weights and KV on the CUDA cards torch sees, or the
+        CPU), or one device ("cpu", "cuda:1") used as it is, without planning.
+        snapshots: keep prefilled books as KV snapshots on disk (at most snapshot_cap_bytes).
+        first_cache_tokens: on a GPU, a session's full cache starts this big and grows with the chat
+        (None: reserve the whole capacity at once)."""
+        self.devices = devices
+        self.snapshots = snapshots
+        self.snapshot_cap_bytes = snapshot_cap_bytes
+        self.first_cache_tokens = first_cache_tokens
+
+    # --- the two halves of open ------------------------------------------------------------------
+    @staticmethod
+    def resolve(spec: str, progress: Progress | None = None,
+                cancel: Callable[[], bool] | None = None) -> "ModelFolder":
+        """The model's folder for `spec` (bundled, preset, hub repo id, folder, .gguf): downloaded or
+        converted if needed. Raises a UserError subclass for a spec that names nothing usable, and a
+        Cancelled subclass when `cancel()` said so."""
+        from engine.store.models import resolve_model
+
+        return resolve_model(spec, progress=progress, cancel=cancel)
+
+    def place(self, target: "ModelFolder", draft: "ModelFolder | None", settings: DecodeSettings,
+              capacity: int | None = None) -> "GpuPlacement | None":
+        """Where weights and KV go, from config.json alone, before any weight is read (None: no
+        planning, the CPU or the one device asked for). Raises OutOfMemoryPlanError with the numbers
+        when the model cannot fit."""
+        if self.devices != "auto":
+            return None
+        from engine.model.placement import placement_for_folders
+
+        draft_path = None if draft is None else Path(getattr(draft, "path", draft))
+        return placement_for_folders(Path(getattr(target, "path", target)), draft_path, capacity, settings)
+
+    def load_weights(self, folder: "ModelFolder", placement: "GpuPlacement | None" = None,
+                     draft: bool = False) -> "LoadedModel":
+        """Load a resolved folder where `placement` (a GpuPlacement, or a planner Plan) puts it: the
+        target on its cards, the draft on its draft card; on `devices` without one."""
+        from engine.model.loading import load_folder
+
+        device = "auto" if self.devices == "auto" else self.devices
+        if placement is None:
+            return load_folder(folder, device=device)
+        plan = getattr(placement, "plan", placement)
+        if draft:
+            return load_folder(folder, device=plan.draft_device or "auto")
+        from engine.model.placement import Placement
+
+        return load_folder(folder, placement=Placement.from_plan(plan))
+
+    def session(self, target: "LoadedModel", settings: DecodeSettings, draft: "LoadedModel | str" = "ngram",
+                placement: "GpuPlacement | None" = None, capacity: int | None = None) -> "ChatSession":
+        """A chat session over loaded models. With a GpuPlacement the full cache goes where the plan
+        for each size says (starting at first_cache_tokens and growing with the chat); with a fixed
+        planner Plan, where that plan says, at full size."""
+        from engine.decoding.session import ChatSession
+        from engine.kv.offload import cache_factory_for_plan
+
+        context = int(target.max_context)
+        settings = settings.fit_budget(min(capacity or context, context))
+        snapshots = self._snapshot_store() if self.snapshots else None
+        growable = hasattr(placement, "cache_factory")
+        factory = placement.cache_factory() if growable else None
+        if placement is not None and not growable:
+            factory = cache_factory_for_plan(placement)
+        first = self.first_cache_tokens if growable else None
+        session = ChatSession(target, settings, draft=draft, capacity=capacity, snapshots=snapshots,
+                              cache_factory=factory, initial_capacity=first)
+        session.placement = placement
+        return session
+
+    def load(self, target: "ModelFolder", draft: "ModelFolder | str", settings: DecodeSettings,
+             capacity: int | None = None, progress: Progress | None = None) -> "ChatSession":
+        """Plan, load the weights (and the draft model's) and build the session."""
+        draft_folder = None if isinstance(draft, str) else draft
+        placement = self.place(target, draft_folder, settings, capacity)
+        if progress:
+            progress(f"Loading {getattr(target, 'name', target)}", None)
+        model = self.load_weights(target, placement)
+        drafter: Any = draft
+        if draft_folder is not None:
+            if progress:
+                progress(f"Loading draft model {getattr(draft_folder, 'name', draft_folder)}", None)
+            drafter = self.load_weights(draft_folder, placement, draft=True)
+        return self.session(model, settings, drafter, placement, capacity)
+
+    def open(self, model_spec: str = BUNDLED_ID, draft_spec: str = "ngram",
+             settings: DecodeSettings = DecodeSettings(), *, capacity: int | None = None,
+             progress: Progress | None = None, cancel: Callable[[], bool] | None = None) -> "ChatSession":
+        """resolve + load: a ready session for `model_spec` with `draft_spec` ('ngram', 'none' or a
+        model spec) as L0. capacity: the most tokens the conversation may hold (default: the model's
+        context)."""
+        target = self.resolve(model_spec, progress, cancel)
+        draft: Any = draft_spec if draft_spec in DRAFTERS_WITHOUT_MODEL else self.resolve(draft_spec, progress, cancel)
+        return self.load(target, draft, settings, capacity, progress)
+
+    @staticmethod
+    def prompt_length(target: "ModelFolder", messages, documents=(), system: str | None = None) -> int:
+        """Tokens the chat template makes of this conversation with `target`'s tokenizer (only the
+        tokenizer loads: a prompt that cannot fit is refused before any weight is read)."""
+        from engine.decoding.prompt import render_tokens
+        from engine.model.loading import load_tokenizer
+
+        tokenizer = load_tokenizer(Path(getattr(target, "path", target)))
+        return len(render_tokens(tokenizer, list(messages), list(documents), system))
+
+    def _snapshot_store(self):
+        from engine.store.snapshots import SnapshotStore
+
+        return SnapshotStore(max_bytes=self.snapshot_cap_bytes)
+
+    # --- what a front end shows --------------------------------------------------------------------
+    @staticmethod
+    def describe(spec: str, session: "ChatSession") -> OpenedModel:
+        """Names and placement of an open session, for a status line or `--stats`."""
+        target = session.target
+        folder = getattr(target, "folder", None)
+        name = str(getattr(folder, "name", None) or spec)
+        drafter = session.drafter
+        draft_folder = getattr(getattr(drafter, "runner", None), "folder", None)
+        draft = drafter.name if draft_folder is None else str(getattr(draft_folder, "name", drafter.name))
+        placement = getattr(session, "placement", None)
+        plan = getattr(placement, "plan", None)
+        return OpenedModel(spec=spec, name=name, model_id=str(getattr(folder, "model_id", None) or name),
+                           device=str(target.where), max_context=int(target.max_context), draft=draft,
+                           source=str(getattr(folder, "source", "") or ""),
+                           plan_mode=getattr(plan, "mode", None),
+                           kv_layers_offloaded=int(getattr(plan, "kv_layers_offloaded", 0) or 0))
+
+
+# --- re-exports for front ends (each a thin door into one layer below) ------------------------------
+def list_local_models() -> list:
+    """Models already on this machine: the bundled one, converted GGUFs, the Hugging Face cache."""
+    from engine.store.models import list_local_models as local
+
+    return local()
+
+
+def sample_memory():
+    """VRAM per GPU (all processes and this one) and RAM, for the Memory panel."""
+    from engine.offload.telemetry import sample_memory as sample
+
+    return sample()
+
+
+def shape_for(spec: str):
+    """A model's shape (layers, heads, context) from its config.json, without loading weights."""
+    from engine.offload.shapes import shape_for as shape
+
+    return shape(spec)
+
+
+def preview_plan(target_spec: str, draft_spec: str, context: int, settings: DecodeSettings, profile: str):
+    """The offload plan for a model on a device profile ("auto", "cpu", "4090", "4090x2"), from config
+    files only, never raising for a misfit (the plan says what does not fit)."""
+    from engine.offload.planner import plan_placement
+
+    target = shape_for(target_spec)
+    draft = shape_for(draft_spec) if draft_spec not in DRAFTERS_WITHOUT_MODEL else None
+    context = min(context, target.max_context)
+    return plan_placement(target, draft, context, settings.fit_budget(context), profile, raise_on_misfit=False)
+
+
+def describe_plan(plan) -> str:
+    """A plan as the text `main.py plan` prints."""
+    from engine.offload.planner import describe
+
+    return describe(plan)
+

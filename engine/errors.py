@@ -42,8 +42,13 @@ class DocumentError(UserError):
     """A document cannot be read (unknown format, empty, encrypted, corrupt, too large...)."""
 
 
-class ReadCancelled(Exception):
-    """Reading a document was cancelled by the user (not an error: nothing is reported)."""
+class Cancelled(Exception):
+    """The user stopped a job (reading, downloading, converting): not an error, nothing is reported.
+    Every cancellation the engine raises is one of these, so callers match the class, not a name."""
+
+
+class ReadCancelled(Cancelled):
+    """Reading a document was cancelled by the user."""
 
 
 class StoreError(UserError):

@@ -135,7 +135,7 @@ def test_session_with_offloaded_plan_gives_the_same_tokens(tiny4, sample_text):
         return (session, *answer_tokens(session, messages, doc))
 
     _, reference, _ = run()
-    session, got, final = run(plan=plan)
+    session, got, final = run(cache_factory=cache_factory_for_plan(plan))
     assert isinstance(session.full, OffloadedCache) and session.full.offloaded == layers
     assert got == reference and len(got) > 5
     full_stats = next(c for c in final.metrics.caches if c.name == "full")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.kv.full import FullCache
-from engine.kv.offload import OffloadedCache
+from engine.kv.offload import OffloadedCache, cache_factory_for_plan
 from engine.kv.sharded import ShardedFullCache, ShardedRetrievalCache
 from engine.errors import InvalidSettingError
 from engine.events import ChatMessage, DocumentText
@@ -197,7 +197,7 @@ def test_a_two_card_plan_loads_tensor_parallel_with_offloaded_kv(tiny_model_dir,
     doc = [DocumentText("Hamlet", sample_text[:2500])]
     messages = [ChatMessage("user", "Repeat the first line of the play.")]
     reference, _ = answer_tokens(ChatSession(model, settings.replace(mode="ar"), draft="none", capacity=2048), messages, doc)
-    session = ChatSession(model, settings, draft="ngram", capacity=2048, plan=plan)
+    session = ChatSession(model, settings, draft="ngram", capacity=2048, cache_factory=cache_factory_for_plan(plan))
     got, final = answer_tokens(session, messages, doc)
     assert all(isinstance(p, OffloadedCache) and p.offloaded == list(placement.offloaded) for p in session.full.parts)
     assert got == reference and len(got) > 5

@@ -18,7 +18,7 @@ SAMPLE_INTERVAL_MS = 500
 
 
 def _sample() -> Any:
-    from engine.offload.telemetry import sample_memory
+    from engine.api import sample_memory
     return sample_memory()
 
 

@@ -39,29 +39,28 @@ class ChatSession:
 
     def __init__(self, target: LoadedModel, settings: DecodeSettings = DecodeSettings(), *,
                  draft: LoadedModel | str = "ngram", capacity: int | None = None, snapshots=None,
-                 plan=None, cache_factory=None, initial_capacity: int | None = None) -> None:
+                 cache_factory=None, initial_capacity: int | None = None) -> None:
         """capacity: the most tokens the conversation may hold (default: the model's context).
         initial_capacity: start the full cache this small and grow it (to `capacity` at most) when
         a turn needs more, so a short chat does not reserve, or offload, a 128K-token cache.
-        plan: a planner `Plan`; its offloaded layers keep their full KV in pinned CPU memory.
-        cache_factory: `(runner, capacity) -> FullCache` to build the full cache yourself; it is
-        called again with the new size when the cache grows (so offloading can follow the size)."""
+        cache_factory: `(runner, capacity) -> FullCache`, where the full cache goes (default: the
+        runner's own card). It is called again with the new size when the cache grows, so offloading
+        can follow the size: engine.model.placement.GpuPlacement.cache_factory() re-plans per size,
+        engine.kv.offload.cache_factory_for_plan(plan) keeps one plan's offloaded layers."""
         self.target = target
         arch = target.runner.arch
         self.max_capacity = min(capacity or arch.max_context, arch.max_context)
         self.capacity = min(initial_capacity or self.max_capacity, self.max_capacity)  # what the cache holds now
         settings.validate(self.max_capacity)
         self._settings = settings
-        if cache_factory is None and plan is not None:
-            from engine.kv.offload import cache_factory_for_plan
-
-            cache_factory = cache_factory_for_plan(plan)
         self._cache_factory = cache_factory or (lambda runner, size: runner.new_full_cache(size))
         self.full = self._cache_factory(target.runner, self.capacity)
         self.grown = 0  # times the full cache was enlarged
         self.held: list[int] = []  # tokens whose K/V the full cache holds (== full.length)
         self.snapshots = snapshots
-        self._cancel = threading.Event()
+        self._cancel = threading.Event()  # the running job's token (each job brings or gets its own)
+        self._pending: DecodeSettings | None = None  # set by any thread, applied on the engine thread
+        self._pending_lock = threading.Lock()
         self.drafter = self._make_drafter(draft)
         self.generator = torch.Generator(device="cpu")
         self.decoder = HierarchicalDecoder(target.runner, self.full, self.drafter, settings, self.generator)
@@ -82,11 +81,24 @@ class ChatSession:
 
     @property
     def settings(self) -> DecodeSettings:
-        return self._settings
+        """The latest settings asked for (applied at the next step if a job is running)."""
+        with self._pending_lock:
+            return self._pending or self._settings
 
     def update_settings(self, settings: DecodeSettings) -> None:
-        """Validated now; budget/chunk apply at the next retrieval rebuild, the rest at the next step."""
+        """Thread-safe: validated now (InvalidSettingError), applied by the engine thread between two
+        steps, like any other command; budget/chunk take effect at the next retrieval rebuild."""
         settings.validate(self.max_capacity)
+        with self._pending_lock:
+            self._pending = settings
+
+    def _apply_pending(self) -> DecodeSettings:
+        """On the engine thread, between two steps: take the settings asked for since the last step
+        (a new draft window builds its drafter here, never on the GUI thread)."""
+        with self._pending_lock:
+            settings, self._pending = self._pending, None
+        if settings is None:
+            return self._settings
         old = self._settings
         self._settings = settings
         self.decoder.settings = settings
@@ -94,6 +106,7 @@ class ChatSession:
                 settings.draft_sinks, settings.draft_window):
             self.drafter = ModelDrafter(self.drafter.runner, settings.draft_sinks, settings.draft_window)
             self.decoder.drafter = self.drafter
+        return settings
 
     def set_draft(self, draft: LoadedModel | str) -> None:
         """Swap the L0 drafter (a model, 'ngram' or 'none') without touching the prefilled caches."""
@@ -101,8 +114,14 @@ class ChatSession:
         self.decoder.drafter = self.drafter
 
     def cancel(self) -> None:
-        """Thread-safe: the running stream stops within one step (or one prefill chunk)."""
+        """Thread-safe: the running job stops within one step (or one prefill chunk)."""
         self._cancel.set()
+
+    def _start_job(self, cancel: threading.Event | None) -> DecodeSettings:
+        """A job begins: its own cancel token (a stop that arrived before it started still counts),
+        and the settings asked for so far."""
+        self._cancel = cancel if cancel is not None else threading.Event()
+        return self._apply_pending()
 
     # --- prompt helpers ----------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
@@ -155,9 +174,10 @@ class ChatSession:
 
     # --- the turn ----------------------------------------------------------------------------
     def prefill(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (),
-                system: str | None = None) -> Iterator[Event]:
-        """Prefill the conversation without answering (e.g. right after a document is dropped)."""
-        self._cancel.clear()
+                system: str | None = None, cancel: threading.Event | None = None) -> Iterator[Event]:
+        """Prefill the conversation without answering (e.g. right after a document is dropped).
+        cancel: this job's token (set it from any thread to stop); default: a fresh one."""
+        self._start_job(cancel)
         tokens = self.prompt_tokens(messages, documents, system, add_generation_prompt=False)
         self._check_length(len(tokens))
         self._make_room(len(tokens))
@@ -167,16 +187,15 @@ class ChatSession:
         yield Finished(reason, "", metrics=self._metrics(len(tokens), 0, started, None, None))
 
     def stream(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (),
-               system: str | None = None) -> Iterator[Event]:
+               system: str | None = None, cancel: threading.Event | None = None) -> Iterator[Event]:
         """Generate the next assistant answer; yields PrefillProgress, TokenText, Metrics, Finished."""
         prompt = self.prompt_tokens(messages, documents, system)
-        yield from self.stream_ids(prompt)
+        yield from self.stream_ids(prompt, cancel)
 
-    def stream_ids(self, prompt: list[int]) -> Iterator[Event]:
+    def stream_ids(self, prompt: list[int], cancel: threading.Event | None = None) -> Iterator[Event]:
         """Continue a raw token sequence (the chat template already applied, or plain text for the
         PG-19-style benchmark); same events as `stream`."""
-        self._cancel.clear()
-        s = self._settings
+        s = self._start_job(cancel)
         prompt = list(prompt)
         self._check_length(len(prompt))
         self._make_room(len(prompt))
@@ -209,6 +228,7 @@ class ChatSession:
             reason = FinishReason.STOP if text.stopped else None
         last_metrics = time.perf_counter()
         while reason is None:
+            s = self._apply_pending()  # settings changed while answering apply here, between two steps
             if len(answer) >= s.max_new_tokens:
                 reason = FinishReason.LENGTH
                 break
@@ -312,9 +332,10 @@ class ChatSession:
     def _snapshot_key(self) -> str:
         folder = self.target.folder
         key = f"{self.target.model_id}:{getattr(folder, 'weights_hash', '')}:{self.full.dtype}"
-        # tensor parallel sums split matmuls in another order: its K/V differ from one card's by rounding
-        split = getattr(self.target.runner, "split_tag", "")
-        return f"{key}:{split}" if split else key
+        # tensor parallel sums split matmuls in another order: its K/V differ from one card's by rounding;
+        # the GGUF's own blocks (weights_tag) are another target than their float32 conversion
+        tags = [getattr(self.target.runner, name, "") for name in ("split_tag", "weights_tag")]
+        return ":".join([key] + [t for t in tags if t])
 
     def _restore_snapshot(self, tokens: list[int], reuse: int) -> int:
         if self.snapshots is None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
+from engine.errors import Cancelled, ModelFormatError, ModelNotFoundError, UnsupportedModelError
 from engine.store.paths import model_cache_dir
 from engine.store.presets import BUNDLED_ID, find_preset
 
@@ -61,7 +61,7 @@ SPEC_HELP = (
 )
 
 
-class ResolveCancelled(Exception):
+class ResolveCancelled(Cancelled):
     """The caller's `cancel()` returned True; nothing half-written was left behind."""
 
 
@@ -267,6 +267,23 @@ def convert_gguf(gguf: Path, dest: Path, origin: dict, progress: Progress | None
         _progress(progress, f"converted {gguf.name}", 1.0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def gguf_source(folder: Path) -> Path | None:
+    """The GGUF a converted folder was made from, when it is still there with the same content
+    (its own low-bit blocks can then run as stored: engine.model.quant); None otherwise."""
+    origin = _read_json(Path(folder) / ORIGIN_FILE) or {}
+    try:
+        path = bundled_gguf_path() if origin.get("source") == "bundled" else Path(origin.get("gguf_path") or "")
+    except ModelNotFoundError:
+        return None
+    if not origin.get("gguf_sha256") or not path.is_file() or path.suffix.lower() != ".gguf":
+        return None
+    digest = _gguf_digest(path)
+    if digest != origin["gguf_sha256"]:  # the file changed since it was converted
+        return None
+    _remember_gguf_digest(path, digest)
+    return path
 
 
 def _remove_stale_tmp(parent: Path, max_age_s: float = 3600.0) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from engine.errors import ContextOverflowError, DocumentError
+from engine.errors import Cancelled, ContextOverflowError, DocumentError
 from engine.events import (CacheStats, ChatMessage, DocumentText, Finished, FinishReason, Level, LevelStats, Metrics,
                            PrefillProgress, TokenText)
 from engine.settings import DecodeSettings
@@ -76,16 +76,18 @@ class FakeSession:
             done = min(total, done + 256)
             yield PrefillProgress(done, total, 0, time.monotonic() - t0)
 
-    def prefill(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (), system=None):
-        self._cancel.clear()
+    def prefill(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (), system=None,
+                cancel: threading.Event | None = None):
+        self._cancel = cancel if cancel is not None else threading.Event()  # each job its own token
         yield from self._prefill(messages, documents)
         if self._cancel.is_set():
             yield Finished(FinishReason.CANCELLED, "")
             return
         yield Finished(FinishReason.STOP, "", metrics=self._metrics(0))
 
-    def stream(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (), system=None):
-        self._cancel.clear()
+    def stream(self, messages: Sequence[ChatMessage], documents: Sequence[DocumentText] = (), system=None,
+               cancel: threading.Event | None = None):
+        self._cancel = cancel if cancel is not None else threading.Event()
         self.streams.append((list(messages), list(documents), system))
         yield from self._prefill(messages, documents)
         text = ""
@@ -117,7 +119,7 @@ class FakeSession:
             settings_summary=f"budget {s.budget}")
 
 
-class LoadCancelled(Exception):
+class LoadCancelled(Cancelled):
     """Like engine.store.models.ResolveCancelled."""
 
 

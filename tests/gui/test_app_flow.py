@@ -128,7 +128,7 @@ def test_stop_mid_answer_keeps_partial_and_app_usable(qtbot, make_window, tiny_m
 def test_budget_slider_reaches_the_engine_at_next_rebuild(qtbot, make_window, tiny_model, sample_text, tmp_path):
     window = make_window(tiny_model)
     panel = window.settings_panel
-    session = window.engine.decoding.session()
+    session = window.engine.session()
     context = window.model.max_context
     chunk = panel.settings().chunk
     # the slider can only make valid budgets: whole chunks, at most the context

@@ -150,7 +150,7 @@ def test_settings_persist_per_chat_and_globally(qtbot, make_window):
     with qtbot.waitSignal(window.answerFinished, timeout=10_000):
         window.send("Keep my settings")
     chat_id = window.chat_id
-    session = window.engine.decoding.session()
+    session = window.engine.session()
     assert session.settings.sampling.temperature == pytest.approx(0.7)
     panel.gamma1.slider.setValue(9)  # a later change goes to this chat too
     panel.flush()
@@ -164,7 +164,7 @@ def test_settings_persist_per_chat_and_globally(qtbot, make_window):
     again.open_chat(chat_id)  # per chat: the chat's own settings win
     s = again.settings_panel.settings()
     assert s.gamma1 == 9 and s.sampling.temperature == pytest.approx(0.7)
-    assert again.engine.decoding.session().settings.gamma1 == 9
+    assert again.engine.session().settings.gamma1 == 9
 
 
 def test_shortcuts(qtbot, fake_window, monkeypatch, tmp_path):
@@ -201,7 +201,7 @@ def test_tokens_are_coalesced_and_panels_throttled(qtbot, fake_window):
 
 def test_unexpected_engine_error_is_shown_logged_and_app_keeps_working(qtbot, fake_window, caplog):
     window = fake_window(tokens=3)
-    session = window.engine.decoding.session()
+    session = window.engine.session()
     original = session.stream
 
     def broken(*a, **k):
@@ -289,7 +289,7 @@ def test_several_files_at_once_and_while_reading(qtbot, make_window, tmp_path):
     qtbot.waitUntil(lambda: len(finished) == 2, timeout=20_000)
     assert [c.title for c in window.chips.chips] == ["act1", "act2", "act3"]
     assert len(errors) == 1 and "broken.pdf" in errors[0]
-    session = window.engine.decoding.session()
+    session = window.engine.session()
     stored = window.repo.documents(window.chat_id)
     assert [d.title for d in stored] == ["act1", "act2", "act3"]
     assert all(c.tokens for c in window.chips.chips)
