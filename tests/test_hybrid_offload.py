@@ -196,3 +196,40 @@ def test_tensor_parallel_hybrid_triforce_is_token_identical_to_ar(tiny_model_dir
     got, _ = answer_tokens(fast, messages, doc)
     assert_identical_or_near_tie(tp_model, fast.prompt_tokens(messages, doc), reference, got)
     assert len(got) > 5
+
+
+def test_a_hybrid_plan_drives_the_cache_and_the_placement(model, sample_text):
+    """A small "GPU" forces layers out; with fast CPU attention the planner splits their heads; the
+    plan's cache factory and Placement.from_plan carry the split; TriForce gives AR's tokens."""
+    import dataclasses
+
+    from engine.kv.offload import cache_factory_for_plan, hybrid_split
+    from engine.offload.planner import DeviceSpec, GpuSpec, plan_placement
+    from engine.offload.shapes import ModelShape
+
+    shape = ModelShape.from_config(model.runner.config, name="tiny")
+    settings = DecodeSettings(mode="triforce", budget=64, chunk=8, gamma1=3, gamma2=5, max_new_tokens=32)
+    big = GpuSpec("test GPU", 1 << 34, 1 << 34, 1000.0, 25.0)
+    ram = DeviceSpec("test", 1 << 36, 1 << 36, gpus=(big,), hop_us=0.0)
+    card = plan_placement(shape, None, 2048, settings, ram, headroom_bytes=0).device("cuda:0")
+    tight = dataclasses.replace(big, free_bytes=card.used_bytes - card.component("full_kv") + 2 * card.component("full_kv") // LAYERS)
+    plan = plan_placement(shape, None, 2048, settings, dataclasses.replace(ram, gpus=(tight,)), headroom_bytes=0,
+                          cpu_attn_gbps=60)
+    assert plan.offload_mode == "hybrid" and plan.kv_layers_offloaded >= 1
+    split = hybrid_split(plan)
+    assert split and all(plan.kv_devices[i] == "cpu" and 0 < c <= shape.kv_heads for i, c in split.items())
+    placement = Placement.from_plan(plan, cards={"cuda:0": "cpu"})
+    assert dict(placement.cpu_heads) == split and placement.cache_options() == {"cpu_heads": split}
+    stream = plan_placement(shape, None, 2048, settings, dataclasses.replace(ram, gpus=(tight,)), headroom_bytes=0,
+                            cpu_attn_gbps=0)
+    assert hybrid_split(stream) == {} and Placement.from_plan(stream).cache_options() == {}
+
+    doc = [DocumentText("Hamlet", sample_text[:2500])]
+    messages = [ChatMessage("user", "Repeat the first line of the play.")]
+    reference, _ = answer_tokens(ChatSession(model, settings.replace(mode="ar"), draft="none", capacity=2048), messages, doc)
+    session = ChatSession(model, settings, draft="ngram", capacity=2048, cache_factory=cache_factory_for_plan(plan))
+    got, final = answer_tokens(session, messages, doc)
+    assert session.full.cpu_heads == split and session.full.cpu_attended_bytes > 0
+    assert_identical_or_near_tie(model, session.prompt_tokens(messages, doc), reference, got)
+    full_stats = next(c for c in final.metrics.caches if c.name == "full")
+    assert "hybrid" in full_stats.detail

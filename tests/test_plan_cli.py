@@ -25,6 +25,20 @@ def test_preset_on_one_4090_prints_a_table(tmp_path) -> None:
     assert "7 of 32 on-chip, 25 offloaded to pinned CPU memory" in out
     assert "cuda:0" in out and "offloaded_kv" in out and "headroom" in out
     assert "L2 full-cache forward" in out and "modelled end-to-end" in out
+    assert "offload mode: hybrid (CPU attention at 60 GB/s" in out and "stream-only L2" in out
+    assert "at tuned gammas" in out
+
+
+def test_cpu_attention_bandwidth_flag(tmp_path) -> None:
+    r = run_plan(tmp_path, *LLAMA, "--context", "131072", "--devices", "4090", "--json", "--cpu-attn-gbps", "0")
+    assert r.returncode == 0, r.stderr
+    obj = json.loads(r.stdout)
+    assert obj["offload_mode"] == "stream" and obj["cpu_attn_gbps"] == 0 and obj["modelled_ms_per_token"] > 0
+    r = run_plan(tmp_path, *LLAMA, "--context", "131072", "--devices", "4090", "--json", "--cpu-attn-gbps", "90")
+    fast = json.loads(r.stdout)
+    assert fast["offload_mode"] == "hybrid" and fast["modelled_ms_per_token"] < obj["modelled_ms_per_token"]
+    r = run_plan(tmp_path, *LLAMA, "--context", "131072", "--devices", "4090x2", "--json")
+    assert json.loads(r.stdout)["offload_mode"] == "resident"
 
 
 def test_json_two_4090s(tmp_path) -> None:

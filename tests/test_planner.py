@@ -81,7 +81,8 @@ def _fixed_gpu_bytes(t: ModelShape, d: ModelShape | None, ctx: int = CTX) -> int
 
 def test_llama31_8b_128k_on_one_4090_offloads_most_layers() -> None:
     t, d = shape_for(LLAMA31), shape_for(LLAMA32_1B)
-    plan = plan_placement(t, d, CTX, S, "4090")
+    plan = plan_placement(t, d, CTX, S, "4090", cpu_attn_gbps=0)  # stream only (hybrid: below)
+    assert plan.offload_mode == "stream" and plan.cpu_heads == (0,) * 32
     room = 24564 * MiB - int(1.5 * GiB)
     layer_kv = CTX * 8 * 128 * 2 * 2  # 512 MiB
     resident = (room - _fixed_gpu_bytes(t, d) - 2 * layer_kv) // layer_kv
@@ -141,7 +142,7 @@ def test_two_gpus_with_offload_prefer_splitting_heads_over_layers() -> None:
     """Layer-split cards take turns, so one PCIe link works at a time; splitting every offloaded
     layer's KV heads across the cards keeps both links busy and halves L2."""
     t, d = shape_for(YARN), shape_for(LLAMA68M)
-    plan = plan_placement(t, d, CTX, S, "4090x2", tensor_parallel=True)
+    plan = plan_placement(t, d, CTX, S, "4090x2", tensor_parallel=True, cpu_attn_gbps=0)  # the links alone
     alt = {a.mode: a for a in plan.alternatives}
     assert plan.mode == "tensor-parallel"
     assert alt["layer-split"].fits
@@ -287,3 +288,76 @@ def test_end_to_end_with_perfect_acceptance() -> None:
     plan = plan_placement(t, None, 32768, settings, "4090", acceptance=Acceptance(1.0, 1.0, 1.0))
     f = plan.floors
     assert f.end_to_end_ms == pytest.approx((6 * f.l1_ms + f.l2_ms) / 7)
+
+
+# -- hybrid offload --------------------------------------------------------------------------
+def test_hybrid_split_balances_the_cpu_and_the_link() -> None:
+    """At 60 GB/s of CPU attention against 25 GB/s of PCIe, about 60/85 of each offloaded layer's
+    KV heads are attended on the CPU; moving one head either way would make one side the slower."""
+    t, d = shape_for(LLAMA31), shape_for(LLAMA32_1B)
+    stream = plan_placement(t, d, CTX, S, "4090", cpu_attn_gbps=0)
+    plan = plan_placement(t, d, CTX, S, "4090", cpu_attn_gbps=60)
+    assert plan.offload_mode == "hybrid" and plan.kv_devices == stream.kv_devices and plan.cpu_attn_gbps == 60
+    heads = [c for c, kv in zip(plan.cpu_heads, plan.kv_devices) if kv == "cpu"]
+    assert len(heads) == 25 and max(heads) - min(heads) <= 1
+    assert all(c == 0 for c, kv in zip(plan.cpu_heads, plan.kv_devices) if kv != "cpu")
+    assert 0.55 < sum(heads) / (25 * 8) < 60 / 85  # below 60/85: the card's own reads sit on the CPU side too
+    f = plan.floors
+    head_kv = CTX * 128 * 2 * 2  # one KV head of one layer, K and V, bf16
+    one_head_ms = head_kv / 25e9 * 1e3 + head_kv / 60e9 * 1e3 + 0.02
+    cpu_side, link_side = f.l2_hbm_ms + f.l2_cpu_ms, f.l2_pcie_ms - f.l2_prefetched_ms
+    assert abs(cpu_side - link_side) < one_head_ms
+    assert f.l2_ms == pytest.approx(max(cpu_side, link_side))
+    assert f.l2_pcie_ms == pytest.approx((25 * 8 - sum(heads)) * head_kv / 25e9 * 1e3)
+    assert f.l2_cpu_ms == pytest.approx(sum(heads) * head_kv / 60e9 * 1e3 + 25 * 0.020)
+    assert f.l2_stream_only_ms == pytest.approx(stream.floors.l2_ms)
+    assert f.l2_ms < 0.4 * stream.floors.l2_ms
+    assert plan.floors.end_to_end_ms < stream.floors.end_to_end_ms
+
+
+def test_slow_cpu_attention_keeps_streaming() -> None:
+    t, d = shape_for(LLAMA31), shape_for(LLAMA32_1B)
+    slow = plan_placement(t, d, CTX, S, "4090", cpu_attn_gbps=0.5)
+    assert slow.offload_mode in ("stream", "hybrid") and sum(slow.cpu_heads) <= 25
+    assert slow.floors.l2_ms <= plan_placement(t, d, CTX, S, "4090", cpu_attn_gbps=0).floors.l2_ms
+    with pytest.raises(InvalidSettingError, match="negative"):
+        plan_placement(t, d, CTX, S, "4090", cpu_attn_gbps=-1)
+
+
+def test_resident_when_nothing_is_offloaded() -> None:
+    plan = plan_placement(shape_for(LLAMA31), shape_for(LLAMA32_1B), CTX, S, "4090x2")
+    assert plan.kv_layers_offloaded == 0 and plan.offload_mode == "resident" and plan.cpu_heads == ()
+
+
+def test_tensor_parallel_splits_each_cards_share_with_one_shared_cpu() -> None:
+    """Two cards: each streams its share of an offloaded layer over its own link while the CPU
+    attends both cards' CPU heads, reading host memory for both."""
+    t, d = shape_for(YARN), shape_for(LLAMA68M)
+    plan = plan_placement(t, d, CTX, S, "4090x2", cpu_attn_gbps=60)
+    assert plan.mode == "tensor-parallel" and plan.offload_mode == "hybrid"
+    heads = [c for c, kv in zip(plan.cpu_heads, plan.kv_devices) if kv == "cpu"]
+    assert max(heads) <= 16  # a card holds 16 of the 32 KV heads
+    # the shared CPU serves 2 x 30 GB/s against a 25 GB/s link per card: 30/55 of each share
+    assert sum(heads) / (16 * len(heads)) == pytest.approx(30 / 55, abs=0.08)
+
+
+@pytest.mark.parametrize("profile,limit", [("4090", 150.0), ("4090x2", 70.0)])
+def test_paper_setting_modelled_under_the_issue_limits(profile: str, limit: float) -> None:
+    """Llama-2-7B-128K at 127K tokens (the paper's 312 / 108 ms/token), CPU attention at 60 GB/s,
+    the planner's stated acceptance and tuned gammas."""
+    plan = plan_placement(shape_for(YARN), shape_for(LLAMA68M), 127 * 1024, S.replace(mode="triforce"), profile,
+                          cpu_attn_gbps=60)
+    assert plan.offload_mode == "hybrid"
+    assert plan.modelled_ms_per_token <= limit
+    assert plan.modelled_ms_per_token <= plan.floors.end_to_end_ms
+    assert 1 <= plan.tuned_gamma1 <= 8 and 1 <= plan.tuned_gamma2 <= 32
+    stream = plan_placement(shape_for(YARN), shape_for(LLAMA68M), 127 * 1024, S.replace(mode="triforce"), profile,
+                            cpu_attn_gbps=0)
+    assert stream.modelled_ms_per_token > limit  # stream-only does not reach it: the CPU half is what does
+
+
+def test_json_has_offload_mode_and_modelled_ms() -> None:
+    obj = json.loads(plan_placement(shape_for(LLAMA31), shape_for(LLAMA32_1B), CTX, S, "4090").to_json())
+    assert obj["offload_mode"] == "hybrid" and obj["modelled_ms_per_token"] > 0
+    assert len(obj["cpu_heads"]) == 32 and obj["tuned_gammas"]["gamma2"] >= 1
+    assert obj["floor_ms_per_token"]["l2_cpu_ms"] > 0 and obj["floor_ms_per_token"]["l2_stream_only_ms"] > 0

@@ -5,7 +5,8 @@ import argparse
 
 from engine.errors import OutOfMemoryPlanError
 from engine.offload.shapes import shape_for
-from engine.offload.planner import DEFAULT_HEADROOM, GiB, PROFILES, describe, device_spec, plan_placement
+from engine.offload.planner import (DEFAULT_CPU_ATTN_GBPS, DEFAULT_HEADROOM, GiB, PROFILES, describe, device_spec,
+                                   plan_placement)
 from engine.store.presets import find_preset
 from engine.settings import MODES, DecodeSettings
 
@@ -30,6 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="let tensor parallel offload KV too (each card streams its share of the heads)")
     p.add_argument("--tensor-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="may the plan choose tensor parallel on two GPUs (default: yes, when its floor is lower)")
+    p.add_argument("--cpu-attn-gbps", type=float, default=DEFAULT_CPU_ATTN_GBPS,
+                   help=f"GB/s at which the CPU attends offloaded KV where it lives (hybrid offload; default "
+                        f"{DEFAULT_CPU_ATTN_GBPS:g}: what a dual-channel DDR5 desktop reads; gpu-check measures it). "
+                        "0 streams every offloaded head over PCIe")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
@@ -45,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     devices = device_spec(args.devices, ram_bytes=int(args.ram_gib * GiB) if args.ram_gib else None)
     plan = plan_placement(target, draft, args.context, settings, devices,
                           headroom_bytes=int(args.headroom_gib * GiB), tp_offload=args.tp_offload,
-                          tensor_parallel=args.tensor_parallel,
+                          tensor_parallel=args.tensor_parallel, cpu_attn_gbps=args.cpu_attn_gbps,
                           raise_on_misfit=False)
     print(plan.to_json() if args.json else describe(plan))
     if not plan.fits:

@@ -349,10 +349,22 @@ def offloaded_layers(plan) -> list[int]:
     return [i for i, d in enumerate(plan.kv_devices) if d == "cpu"]
 
 
+def hybrid_split(plan) -> dict[int, int]:
+    """{layer: KV heads attended on the CPU} of a plan with hybrid offload (per card share under
+    tensor parallel); {} when it streams every offloaded head or offloads nothing."""
+    if getattr(plan, "offload_mode", "stream") != "hybrid":
+        return {}
+    return {i: c for i, c in enumerate(plan.cpu_heads) if c and plan.kv_devices[i] == "cpu"}
+
+
 def cache_factory_for_plan(plan, **options) -> Callable:
     """`factory(runner, capacity) -> full cache` placing layers as `plan` says: its offloaded
-    layers in pinned CPU memory, every other layer on the card(s) the runner computes it on."""
+    layers in pinned CPU memory (split with the CPU where the plan chose hybrid offload), every
+    other layer on the card(s) the runner computes it on."""
     layers = offloaded_layers(plan)
+    split = hybrid_split(plan) if layers else {}
+    if split:
+        options = {"cpu_heads": split, **options}
 
     def factory(runner, capacity: int):
         return runner.new_full_cache(capacity, layers, **options)

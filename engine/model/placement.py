@@ -22,6 +22,8 @@ class Placement:
     layer_devices: one device per layer (one card: all the same; layer split: runs of layers).
     tensor_parallel: the cards that split every layer (then layer_devices is empty).
     offloaded: layers whose full KV lives in pinned CPU memory.
+    cpu_heads: {layer: KV heads attended on the CPU} for hybrid offload (per card share under
+    tensor parallel); empty when offloaded layers stream every head.
     """
 
     layer_devices: tuple[str, ...] = ()
@@ -29,6 +31,7 @@ class Placement:
     draft_device: str | None = None
     offloaded: tuple[int, ...] = ()
     mode: str = "single-gpu"
+    cpu_heads: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def from_plan(cls, plan, cards: Mapping[str, str] | None = None) -> "Placement":
@@ -36,10 +39,17 @@ class Placement:
         standing in for both cards)."""
         rename = (lambda d: cards.get(d, d)) if cards else (lambda d: d)  # noqa: E731
         offloaded = tuple(i for i, d in enumerate(plan.kv_devices) if d == "cpu") if plan.mode != "cpu" else ()
+        from engine.kv.offload import hybrid_split
+
         draft = rename(plan.draft_device) if plan.draft_device else None
+        split = tuple(sorted(hybrid_split(plan).items())) if offloaded else ()
         if plan.mode == "tensor-parallel":
-            return cls((), tuple(rename(d) for d in plan.layer_devices[0].split("+")), draft, offloaded, plan.mode)
-        return cls(tuple(rename(d) for d in plan.layer_devices), (), draft, offloaded, plan.mode)
+            return cls((), tuple(rename(d) for d in plan.layer_devices[0].split("+")), draft, offloaded, plan.mode, split)
+        return cls(tuple(rename(d) for d in plan.layer_devices), (), draft, offloaded, plan.mode, split)
+
+    def cache_options(self) -> dict:
+        """new_full_cache options for this placement's hybrid split ({} when there is none)."""
+        return {"cpu_heads": dict(self.cpu_heads)} if self.cpu_heads else {}
 
     @property
     def first_device(self) -> str:
@@ -88,8 +98,12 @@ class GpuPlacement:
         return [i for i, d in enumerate(plan.kv_devices) if d == "cpu"]
 
     def cache_factory(self):
+        """`(runner, size) -> full cache`: the plan for `size` tokens' offloaded layers, split with
+        the CPU where that plan chose hybrid offload (it is faster there)."""
+        from engine.kv.offload import cache_factory_for_plan
+
         def factory(runner, size: int):
-            return runner.new_full_cache(size, self.offloaded_for(size))
+            return cache_factory_for_plan(self.plan_for(size))(runner, size)
         return factory
 
 

@@ -9,6 +9,9 @@ from engine.offload.plan_types import ModeOption, Plan
 def mode_reason(best: Layout, alternatives: tuple[ModeOption, ...], spec: DeviceSpec, allow_tp: bool = True) -> str:
     off = sum(d == "cpu" for d in best.kv_devices)
     streamed = f"{off} layers' KV offloaded to pinned CPU memory and streamed over PCIe per L2 forward"
+    if any(best.cpu_heads):
+        streamed = (f"{off} layers' KV offloaded to pinned CPU memory; per L2 forward the CPU attends some of their KV"
+                    " heads where they live while PCIe streams the rest (hybrid)")
     if best.mode == "cpu":
         return "no GPU: everything in RAM, fp32"
     if len(spec.gpus) == 1:
@@ -55,6 +58,7 @@ def describe(plan: Plan) -> str:
                 if plan.mode != "cpu" else f"KV layers: all {plan.kv_layers_total} in RAM")
     if plan.kv_layers_offloaded:
         rows.append("  offloaded layers: " + ",".join(str(i) for i, d in enumerate(plan.kv_devices) if d == "cpu"))
+        rows.append(_offload_line(plan))
     components = []
     for d in devs:
         components += [c for c, _ in d.components if c not in components]
@@ -76,15 +80,20 @@ def describe(plan: Plan) -> str:
         rows.append("  L0 n-gram lookup              ~0 ms")
     if plan.budget_tokens:
         rows.append(f"  L1 retrieval forward     {f.l1_ms:9.2f} ms")
-    link = "" if not f.l2_pcie_ms else (
+    link = "" if not f.l2_pcie_ms and not f.l2_cpu_ms else (
         f" (HBM {f.l2_hbm_ms:.1f} ms, PCIe {f.l2_pcie_ms:.1f} ms overlapped per card,"
-        f" {f.l2_prefetched_ms:.1f} ms of it prefetched while drafting; serial {f.l2_serial_ms:.1f} ms)")
+        f" {f.l2_prefetched_ms:.1f} ms of it prefetched while drafting"
+        + (f", CPU attention {f.l2_cpu_ms:.1f} ms; stream-only L2 {f.l2_stream_only_ms:.1f} ms"
+           if plan.offload_mode == "hybrid" else "") + f"; serial {f.l2_serial_ms:.1f} ms)")
     rows.append(f"  L2 full-cache forward    {f.l2_ms:9.2f} ms{link}")
     rows.append(f"  plain autoregressive     {f.ar_ms:9.2f} ms/token")
     a = plan.acceptance
     rates = f"L0->L1 {a.l0_by_l1 if plan.draft else a.ngram_by_l1:.2f}, L1->L2 {a.l1_by_l2:.2f}"
     rows.append(f"  modelled end-to-end      {f.end_to_end_ms:9.2f} ms/token ({f.tokens_per_s:.1f} tok/s,"
                 f" {f.speedup_vs_ar:.1f}x AR) assuming acceptance {rates}, gamma1 {plan.gamma1}, gamma2 {plan.gamma2}")
+    if plan.decode_mode != "ar" and plan.tuned_gamma2:
+        rows.append(f"  at tuned gammas          {plan.modelled_ms_per_token:9.2f} ms/token (gamma1 {plan.tuned_gamma1},"
+                    f" gamma2 {plan.tuned_gamma2}; the same acceptance)")
     if plan.alternatives:
         rows.append("")
         rows.append("Two-GPU modes considered:")
@@ -98,3 +107,13 @@ def describe(plan: Plan) -> str:
         rows.append("")
         rows.append("DOES NOT FIT: " + "; ".join(plan.shortfalls))
     return "\n".join(rows)
+
+
+def _offload_line(plan: Plan) -> str:
+    """How offloaded layers are read in decode/verification: streamed, or split with the CPU."""
+    if plan.offload_mode != "hybrid":
+        return "  offload mode: stream (every offloaded head crosses PCIe per L2 forward)"
+    heads = [(i, c) for i, (c, d) in enumerate(zip(plan.cpu_heads, plan.kv_devices)) if d == "cpu"]
+    share = " per card" if plan.mode == "tensor-parallel" else ""
+    return (f"  offload mode: hybrid (CPU attention at {plan.cpu_attn_gbps:g} GB/s; the rest streamed),"
+            f" KV heads attended on the CPU{share} per offloaded layer: " + ",".join(f"{i}:{c}" for i, c in heads))

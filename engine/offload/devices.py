@@ -45,6 +45,7 @@ class DeviceSpec:
     hop_us: float = 20.0  # hand activations card->host->card (no P2P): layer-split, per boundary
     allreduce_us: float = 30.0  # one small all-reduce staged through host memory (no P2P)
     note: str = ""
+    cpu_attn_gbps: float = DEFAULT_CPU_ATTN_GBPS  # CPU attention over offloaded KV (hybrid); 0: stream only
 
 
 def device_spec(name: str, ram_bytes: int | None = None) -> DeviceSpec:

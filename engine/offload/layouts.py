@@ -52,6 +52,8 @@ class Layout:
     l1_read: dict[str, int] = field(default_factory=dict)
     off_layers: dict[str, int] = field(default_factory=dict)  # offloaded layers each card streams
     floors: Floors | None = None
+    cpu_heads: list[int] = field(default_factory=list)  # per layer: KV heads (per card share) attended on the CPU
+    cpu_split: dict[str, int] = field(default_factory=dict)  # per card: CPU heads over all its offloaded layers
 
 
 def budget_tokens(settings: DecodeSettings, context_tokens: int) -> int:

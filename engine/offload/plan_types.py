@@ -55,7 +55,7 @@ class Floors:
     """Bandwidth floors in milliseconds. l0/l1/l2: one forward of that level (a few tokens
     cost the same bytes as one). l2 overlaps the PCIe stream with compute (max); l2_serial
     is the no-overlap bound (sum) without prefetch. end_to_end: per generated token under
-    `acceptance`."""
+    `acceptance` at the settings' gammas. With hybrid offload l2_pcie is the streamed heads' share."""
 
     l0_ms: float
     l1_ms: float
@@ -66,6 +66,8 @@ class Floors:
     l2_prefetched_ms: float  # PCIe time moved off the L2 path: staging filled while L0/L1 draft
     ar_ms: float  # plain autoregressive decoding, one token per full-cache forward (no prefetch window)
     end_to_end_ms: float
+    l2_cpu_ms: float = 0.0  # hybrid offload: CPU attention over the CPU heads (on each layer's critical path)
+    l2_stream_only_ms: float = 0.0  # the same L2 with every offloaded head streamed (no CPU attention)
 
     @property
     def tokens_per_s(self) -> float:
@@ -120,6 +122,12 @@ class Plan:
     shortfalls: tuple[str, ...] = ()
     profile: str = ""
     profile_note: str = ""
+    offload_mode: str = "resident"  # "resident" (no KV offloaded), "stream" or "hybrid"
+    cpu_heads: tuple[int, ...] = ()  # per layer: KV heads (per card share) attended on the CPU; () if none offloaded
+    cpu_attn_gbps: float = 0.0  # the CPU-attention bandwidth the hybrid split was sized with
+    modelled_ms_per_token: float = 0.0  # end to end at the assumed acceptance and the tuned gammas
+    tuned_gamma1: int = 0
+    tuned_gamma2: int = 0
 
     def device(self, name: str) -> DevicePlan:
         return next(d for d in self.devices if d.name == name)
@@ -149,6 +157,10 @@ class Plan:
                 "floor": "bytes read / bandwidth per forward; L2's PCIe stream overlaps compute (max)",
                 "kv_filled_tokens": self.context_tokens,
             },
+            "offload_mode": self.offload_mode,
+            "cpu_heads": list(self.cpu_heads), "cpu_attn_gbps": self.cpu_attn_gbps,
+            "modelled_ms_per_token": round(self.modelled_ms_per_token, 3),
+            "tuned_gammas": {"gamma1": self.tuned_gamma1, "gamma2": self.tuned_gamma2},
             "alternatives": [a.to_dict() for a in self.alternatives],
             "shortfalls": list(self.shortfalls),
         }

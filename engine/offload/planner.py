@@ -13,6 +13,8 @@ all-reduces per layer. Both are computed; the lower end-to-end floor wins.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from engine.errors import (ContextOverflowError, IncompatibleDraftError, InvalidSettingError,
                            OutOfMemoryPlanError)
 from engine.offload.cost import floors_for
@@ -41,7 +43,7 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
                    dtype_bytes: int | None = None, prefill_chunk: int = 1024,
                    acceptance: Acceptance = Acceptance(), tp_offload: bool = True,
                    tensor_parallel: bool | None = None, raise_on_misfit: bool = True,
-                   same_as: "Plan | None" = None) -> Plan:
+                   same_as: "Plan | None" = None, cpu_attn_gbps: float | None = None) -> Plan:
     """Place `target` (+ `draft`) for a cache of `context_tokens` on `devices`.
 
     dtype_bytes: weights and KV; default 2 (bf16) on GPUs, 4 (fp32) on the CPU.
@@ -51,11 +53,17 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
     It is always computed and reported among the alternatives.
     same_as: keep the weights where this earlier plan put them (its mode, each layer's card, the
     draft's card) and decide only the KV: how a loaded model's cache grows.
+    cpu_attn_gbps: the CPU-attention bandwidth for hybrid offload (default: the spec's); 0 streams
+    every offloaded head (stream-only). Hybrid is chosen per card where it lowers the L2 floor.
     Raises ContextOverflowError, IncompatibleDraftError, InvalidSettingError on bad input and
     OutOfMemoryPlanError naming what does not fit (unless raise_on_misfit=False, which returns
     the closest plan with fits=False and its shortfalls).
     """
     spec = devices if isinstance(devices, DeviceSpec) else device_spec(devices)
+    if cpu_attn_gbps is not None:
+        if cpu_attn_gbps < 0:
+            raise InvalidSettingError(f"CPU attention bandwidth {cpu_attn_gbps} GB/s is negative: use 0 (stream only) or more")
+        spec = dataclasses.replace(spec, cpu_attn_gbps=cpu_attn_gbps)
     settings.validate()
     _check_inputs(target, draft, context_tokens, settings, spec)
     if settings.mode in ("ar", "retrieval-only"):
@@ -87,6 +95,8 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
         hint = "use a shorter context, a smaller model or budget, or more memory"
         raise OutOfMemoryPlanError("; ".join(m for m, _ in best.shortfalls) + f": {hint}")
     alternatives = _alternatives(candidates, spec, allow_tp)
+    tuned = _tuned(best, sizes, spec, target, settings, rates)
+    offloaded = sum(d == "cpu" for d in best.kv_devices) if spec.gpus else 0
     return Plan(
         fits=not best.shortfalls, mode=best.mode, mode_reason=mode_reason(best, alternatives, spec, allow_tp),
         target=target.name, draft=draft.name if draft else None, decode_mode=settings.mode,
@@ -96,7 +106,33 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
         draft_device=best.draft_device, devices=_device_plans(best, spec, headroom_bytes, cpu_headroom_bytes),
         floors=best.floors, acceptance=acceptance, gamma1=settings.gamma1, gamma2=settings.gamma2,
         alternatives=alternatives, shortfalls=tuple(m for m, _ in best.shortfalls),
-        profile=spec.profile, profile_note=spec.note)
+        profile=spec.profile, profile_note=spec.note,
+        offload_mode="resident" if not offloaded else "hybrid" if any(best.cpu_heads) else "stream",
+        cpu_heads=tuple(best.cpu_heads) if offloaded else (), cpu_attn_gbps=spec.cpu_attn_gbps if spec.gpus else 0.0,
+        modelled_ms_per_token=tuned[0], tuned_gamma1=tuned[1], tuned_gamma2=tuned[2])
+
+
+GAMMA1_TUNED = range(1, 9)
+GAMMA2_TUNED = range(1, 33)
+
+
+def _tuned(lay: Layout, sizes, spec: DeviceSpec, target: ModelShape, settings: DecodeSettings,
+           rates: tuple[float, float]) -> tuple[float, int, int]:
+    """(ms per token, gamma1, gamma2): the end-to-end floor at the best gammas, as the paper tunes
+    them per setting (a slow L2 wants a long gamma2). The layout's CPU-head split is kept."""
+    if settings.mode == "ar":
+        return lay.floors.end_to_end_ms, settings.gamma1, settings.gamma2
+    split = dict(lay.cpu_split)
+    best = (lay.floors.end_to_end_ms, settings.gamma1, settings.gamma2)
+    g1s = GAMMA1_TUNED if settings.mode in ("triforce", "auto", "draft-only") else [settings.gamma1]
+    g2s = GAMMA2_TUNED if settings.mode != "draft-only" else [settings.gamma2]
+    for g1 in g1s:
+        for g2 in g2s:
+            f = floors_for(lay, sizes, spec, target, settings.replace(gamma1=g1, gamma2=g2), rates, cpu_heads=split)
+            if f.end_to_end_ms < best[0] - 1e-9:
+                best = (f.end_to_end_ms, g1, g2)
+    floors_for(lay, sizes, spec, target, settings, rates, cpu_heads=split)  # restore the layout's per-layer split
+    return best
 
 
 def _check_inputs(target: ModelShape, draft: ModelShape | None, context_tokens: int,
