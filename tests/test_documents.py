@@ -316,3 +316,40 @@ def test_unknown_extension_binary(tmp_path):
 def test_known_unsupported_extension(tmp_path):
     with pytest.raises(DocumentError, match=r"old.doc.*\.docx"):
         read_document(write(tmp_path / "old.doc", b"\xd0\xcf\x11\xe0rest"))
+
+
+def test_latin1_text_with_a_few_nul_bytes_loads_and_says_so(tmp_path):
+    # old DOS/Windows texts carry stray NUL padding: read them with the junk dropped, not refused as binary
+    body = (WESTERN.replace("’", "'").replace("“", '"').replace("”", '"').replace("—", "-").replace("€", "EUR") * 20)
+    raw = body.encode("latin-1")
+    raw = raw[:100] + b"\x00\x00" + raw[100:900] + b"\x00" + raw[900:]
+    doc = read_document(write(tmp_path / "old.txt", raw))
+    assert "\x00" not in doc.text and "crème brûlée" in doc.text
+    assert doc.meta["encoding"] in ("cp1252", "latin-1", "iso8859-1", "iso-8859-1")
+    assert doc.meta["notes"] == ['"old.txt": dropped 3 NUL bytes (junk, not text) while reading it as '
+                                 f'{doc.meta["encoding"]}']
+    clean = read_document(write(tmp_path / "clean.txt", body.encode("latin-1")))
+    assert "notes" not in clean.meta and clean.text == doc.text
+
+
+def test_nul_bytes_beyond_a_few_are_binary(tmp_path):
+    with pytest.raises(DocumentError, match="many.txt.*not text.*binary"):
+        read_document(write(tmp_path / "many.txt", (b"word \x00" * 4000)))
+
+
+def test_damaged_pdf_prints_nothing_but_our_error(tmp_path):
+    # a fresh interpreter: pytest's own log capture would hide what a terminal shows
+    import subprocess
+    import sys
+
+    good = make_pdf(tmp_path / "good.pdf", ["Some text"]).read_bytes()
+    at = good.rfind(b"startxref")
+    bad = [write(tmp_path / "badxref.pdf", good[:at] + b"startxref\n12\n%%EOF\n"),
+           write(tmp_path / "cut.pdf", good[: len(good) // 2])]
+    script = ("import sys\nfrom engine.documents import read_document\nfrom engine.errors import DocumentError\n"
+              "for p in sys.argv[1:]:\n    try:\n        read_document(p)\n"
+              "    except DocumentError as e:\n        print('error:', e)\n")
+    run = subprocess.run([sys.executable, "-c", script, *map(str, bad)], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert run.stderr == ""  # pypdf's "incorrect startxref pointer" and friends stay quiet
+    assert run.stdout.count("error:") == 1 and "cut.pdf" in run.stdout  # the readable one reads despite its flaw

@@ -171,3 +171,31 @@ def test_bad_arguments(store):
         store.save("m", [1], {TOKENS: torch.zeros(1)})
     with pytest.raises(ValueError):
         store.save("", [1], kv(1))
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_killed_writers_temp_files_removed_at_start_live_ones_kept_and_counted(tmp_path):
+    root = tmp_path / "snaps"
+    root.mkdir()
+    dead = root / f".abc.safetensors.{_dead_pid()}.1.tmp"  # a kill -9 mid-save leaves this
+    dead.write_bytes(b"x" * 50_000)
+    live = root / f".def.safetensors.{os.getpid()}.1.tmp"  # a save in progress in a running process
+    live.write_bytes(b"y" * 40_000)
+    store = SnapshotStore(root, max_bytes=2**30)
+    assert not dead.exists() and live.exists()  # removed at start, not an hour later
+    assert store.total_bytes() == 40_000  # the save in progress counts against the cap
+    one = sum(t.numel() * t.element_size() for t in kv(256).values())
+    store.max_bytes = 40_000 + int(1.5 * one)
+    first = store.save("m", [1] * 256, kv(256, seed=1))
+    second = store.save("m", [2] * 256, kv(256, seed=2))
+    assert not first.exists() and second.exists() and live.exists()  # evicted to fit beside the temp
+    assert store.total_bytes() <= store.max_bytes

@@ -1,12 +1,16 @@
 """Command-line interface. Each subcommand lives in its own module with `register(subparsers)`.
 
-A `UserError` becomes one line on stderr and exit code 2; anything else is a bug and shows its traceback.
+A `UserError` becomes one line on stderr and exit code 2, and so does a bad command line (with a
+hint to use --help); anything else is a bug and shows its traceback. Ctrl+C and SIGTERM print
+"interrupted" on a line of its own and exit 130 / 143 (`chat` saves the partial answer first).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from engine.errors import UserError
 
@@ -21,8 +25,23 @@ COMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one `error:` line naming --help, and exit 2 (subparsers inherit it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so cleanup runs as for Ctrl+C."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="main.py", description="TriForce Chat: chat with whole books on your own GPU.")
+    parser = OneLineParser(prog="main.py", description="TriForce Chat: chat with whole books on your own GPU.")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     for name, module_name in COMMANDS.items():
         try:
@@ -42,11 +61,21 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("interrupted", file=sys.stderr)
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(message: str) -> str:
+    # a message that quotes a file's content or a library's text must still be one line
+    return " ".join(message.split())

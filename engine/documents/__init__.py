@@ -48,6 +48,7 @@ def read_document(path: str | os.PathLike, max_bytes: int = MAX_BYTES, progress=
 
     meta holds: format, bytes (file size), sha256 (of the UTF-8 text; the store's key), chars,
     and per format: encoding (text), pages/empty_pages (pdf), chapters (epub), tables (docx).
+    notes (when present): lines worth showing the user, e.g. junk NUL bytes dropped from a text.
     Raises DocumentError for anything wrong with the file (missing, too large, empty, binary,
     encrypted, scanned, damaged, unsupported).
     progress(done, total) hears each page of a PDF, the one slow format; cancel() is checked
@@ -147,23 +148,24 @@ def _read(path: Path, fh: BinaryIO, fmt: str, max_bytes: int, progress=None, can
     if fmt == "docx":
         from engine.documents.word import read_docx
         return read_docx(path, fh)
+    notes: list[str] = []  # e.g. "dropped 3 NUL bytes": worth telling the user, not an error
     if fmt == "html":
-        raw, encoding = decode_file(path, fh, max_bytes, hint=_meta_charset(fh))
+        raw, encoding = decode_file(path, fh, max_bytes, hint=_meta_charset(fh), notes=notes)
         text, title = html_to_text(raw)
-        return clean_text(text), clean_text(title)[:200], {"encoding": encoding}
+        return clean_text(text), clean_text(title)[:200], {"encoding": encoding, **({"notes": notes} if notes else {})}
     if fmt == "text" and path.suffix.lower() not in FORMATS:
         try:
-            raw, encoding = decode_file(path, fh, max_bytes)
+            raw, encoding = decode_file(path, fh, max_bytes, notes=notes)
         except DocumentError as exc:
             raise DocumentError(
                 f'"{path.name}" has an unknown type ({path.suffix or "no extension"}) and is not readable text. '
                 f"Open a {_SUPPORTED_TEXT} file.") from exc
     else:
-        raw, encoding = decode_file(path, fh, max_bytes)
+        raw, encoding = decode_file(path, fh, max_bytes, notes=notes)
     if fmt == "markdown":
         text = clean_text(raw, keep_spaces=True)
-        return text, _markdown_title(text), {"encoding": encoding}
-    return clean_text(raw), "", {"encoding": encoding}
+        return text, _markdown_title(text), {"encoding": encoding, **({"notes": notes} if notes else {})}
+    return clean_text(raw), "", {"encoding": encoding, **({"notes": notes} if notes else {})}
 
 
 def _meta_charset(fh: BinaryIO) -> str | None:

@@ -1,6 +1,8 @@
 """PDF to text with pypdf: pages joined by blank lines; scanned and encrypted files get clear errors."""
 from __future__ import annotations
 
+import logging
+import warnings
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -18,6 +20,7 @@ def read_pdf(path: Path, fh: BinaryIO, progress: PageProgress | None = None,
     from pypdf import PasswordType, PdfReader
     from pypdf.errors import DependencyError
 
+    _quiet_pypdf()
     try:
         reader = PdfReader(fh)
         if reader.is_encrypted:
@@ -59,6 +62,21 @@ def read_pdf(path: Path, fh: BinaryIO, progress: PageProgress | None = None,
     if not title:
         title = next(line.strip() for line in text.splitlines() if line.strip())[:200]
     return text, title, {"pages": len(pages), "empty_pages": sum(1 for p in pages if not p), "sections": sections}
+
+
+def _quiet_pypdf() -> None:
+    """pypdf logs and warns about every flaw it works around ("incorrect startxref pointer"): on a
+    terminal that lands before our own one-line error, or as noise above a document that read fine.
+    Our messages say what matters; pypdf's go nowhere (a NullHandler, or Python's last-resort
+    handler would still print them)."""
+    logger = logging.getLogger("pypdf")
+    if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
+    from pypdf.errors import PdfReadWarning
+
+    warnings.filterwarnings("ignore", category=PdfReadWarning)  # pypdf warns with stacklevel: match by type
+    warnings.filterwarnings("ignore", module=r"pypdf(\.|$)")
 
 
 def _metadata_title(reader) -> str:

@@ -12,6 +12,7 @@ from engine.errors import DocumentError
 CHUNK = 1 << 20  # bytes per read when streaming a file
 SNIFF = 64 * 1024  # bytes looked at to decide text vs binary
 DETECT_SAMPLE = 1 << 20  # bytes charset-normalizer sees (it is slow on whole books)
+MAX_NUL_SHARE = 0.01  # more NUL bytes than this share (outside UTF-16/32) means binary, not junk in a text
 
 # Leading bytes of formats people rename by mistake -> what to call them in the error.
 MAGIC = (
@@ -48,11 +49,13 @@ def sniff_kind(head: bytes) -> str | None:
     return next((kind for magic, kind in MAGIC if head.startswith(magic)), None)
 
 
-def decode_file(path: Path, fh: BinaryIO, max_bytes: int, hint: str | None = None) -> tuple[str, str]:
+def decode_file(path: Path, fh: BinaryIO, max_bytes: int, hint: str | None = None,
+                notes: list[str] | None = None) -> tuple[str, str]:
     """Decode a whole text file, streamed; returns (text, encoding).
 
     BOMs first, then strict UTF-8, then `hint` (e.g. an HTML <meta charset>), then
-    charset-normalizer on a sample. Raises DocumentError for binary data or bytes no encoding explains.
+    charset-normalizer on a sample. A few NUL bytes (junk in old text files) are dropped, and
+    `notes` hears one line saying so. Raises DocumentError for binary data or bytes no encoding explains.
     """
     head = fh.read(SNIFF)
     if sniff_kind(head):
@@ -60,30 +63,35 @@ def decode_file(path: Path, fh: BinaryIO, max_bytes: int, hint: str | None = Non
     encoding = _bom_encoding(head)
     if encoding is None and b"\x00" in head:
         encoding = _utf16_without_bom(head)
-        if encoding is None:
+        if encoding is None and head.count(0) > MAX_NUL_SHARE * len(head):
             raise _binary_error(path, head)
     try:
-        text = _stream(fh, head, encoding or "utf-8", max_bytes, path)
+        text, nuls = _stream(fh, head, encoding or "utf-8", max_bytes, path)
         used = encoding or "utf-8"
     except UnicodeDecodeError:
         if encoding is not None:
             raise _undecodable(path, encoding) from None
-        text, used = _stream_fallback(path, fh, max_bytes, hint)
+        text, used, nuls = _stream_fallback(path, fh, max_bytes, hint)
     sample = text[:SNIFF]
-    if sample and len(_CONTROL.findall(sample)) > 0.01 * len(sample):
+    if nuls > MAX_NUL_SHARE * (len(text) + nuls) or (
+            sample and len(_CONTROL.findall(sample)) > 0.01 * len(sample)):
         raise _binary_error(path, head)
+    if nuls and notes is not None:
+        notes.append(f'"{path.name}": dropped {nuls} NUL byte{"s" * (nuls != 1)} (junk, not text) '
+                     f"while reading it as {used}")
     return text, used
 
 
-def _stream_fallback(path: Path, fh: BinaryIO, max_bytes: int, hint: str | None) -> tuple[str, str]:
+def _stream_fallback(path: Path, fh: BinaryIO, max_bytes: int, hint: str | None) -> tuple[str, str, int]:
     # Not UTF-8: try the document's own declaration, then charset-normalizer's guess.
     fh.seek(0)
     candidates = [hint] if hint and _known_codec(hint) else []
-    candidates.append(_detect(path, fh.read(DETECT_SAMPLE)))
+    candidates.append(_detect(path, fh.read(DETECT_SAMPLE).replace(b"\x00", b"")))
     for encoding in candidates:
         fh.seek(0)
         try:
-            return _stream(fh, b"", encoding, max_bytes, path), encoding
+            text, nuls = _stream(fh, b"", encoding, max_bytes, path)
+            return text, encoding, nuls
         except UnicodeDecodeError:
             continue
     raise _undecodable(path, candidates[-1])
@@ -114,17 +122,29 @@ def _utf16_without_bom(head: bytes) -> str | None:
     return None
 
 
-def _stream(fh: BinaryIO, head: bytes, encoding: str, max_bytes: int, path: Path) -> str:
+def _stream(fh: BinaryIO, head: bytes, encoding: str, max_bytes: int, path: Path) -> tuple[str, int]:
+    """(text, NUL bytes dropped). NULs are junk in every 8-bit encoding and in UTF-8 (never part of
+    a multi-byte character), so they go before decoding; UTF-16/32 keep theirs."""
     decoder = codecs.getincrementaldecoder(encoding)(errors="strict")
-    parts = [decoder.decode(head)]
+    wide = codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))
+    nuls = 0
+
+    def drop_nuls(data: bytes) -> bytes:
+        nonlocal nuls
+        if wide or b"\x00" not in data:
+            return data
+        nuls += data.count(0)
+        return data.replace(b"\x00", b"")
+
+    parts = [decoder.decode(drop_nuls(head))]
     seen = len(head)
     while chunk := fh.read(CHUNK):
         seen += len(chunk)
         if seen > max_bytes:  # the file grew after we checked its size
             raise size_error(path, seen, max_bytes)
-        parts.append(decoder.decode(chunk))
+        parts.append(decoder.decode(drop_nuls(chunk)))
     parts.append(decoder.decode(b"", final=True))
-    return "".join(parts)
+    return "".join(parts), nuls
 
 
 def _detect(path: Path, sample: bytes) -> str:

@@ -6,6 +6,7 @@ carries the model key, the token count and sha256, and a manifest (dtype, shape,
 tensor). Files are written to a temp name and renamed, so a crash never leaves half a snapshot
 under a real name; anything corrupt, truncated or mismatched is deleted and treated as absent.
 Eviction is least-recently-used (file mtime = last use) once the folder exceeds `max_bytes`.
+Temp files count against `max_bytes` too; a killed writer's (its pid gone) are removed at start.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import torch
 
 from engine.store import paths
 from engine.errors import StoreError
+from engine.store.turns import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,7 @@ class SnapshotStore:
         meta = {"format": FORMAT, "version": VERSION, "model_key": model_key, "n_tokens": str(len(token_ids)),
                 "tokens_sha256": tokens_sha, "created": str(time.time()), "extra": json.dumps(dict(extra or {}))}
         temp = self.root / f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        self.evict(max_bytes=self._max_bytes - nbytes)  # room first: the temp file counts against the cap
         try:
             with open(temp, "wb") as fh:
                 _write_safetensors(fh, items, meta)
@@ -215,16 +218,18 @@ class SnapshotStore:
         return sorted(out, key=lambda e: e.last_used, reverse=True)
 
     def total_bytes(self) -> int:
-        """Bytes of all snapshot files in the folder."""
-        return sum(size for _, size, _ in self._stats())
+        """Bytes of all snapshot files in the folder, temp files of saves in progress included."""
+        return sum(size for _, size, _ in self._stats()) + sum(size for _, size in self._temps())
 
     def evict(self, max_bytes: int | None = None, keep: Path | None = None) -> int:
         """Delete least-recently-used snapshots until the folder fits `max_bytes`; returns bytes freed."""
         limit = self._max_bytes if max_bytes is None else max_bytes
         freed = 0
         with self._lock:
+            self._remove_stale_temps()
             stats = sorted(self._stats(), key=lambda s: s[2])  # oldest use first
-            total = sum(size for _, size, _ in stats)
+            # saves in progress (ours or another process's) use disk too, and cannot be evicted
+            total = sum(size for _, size, _ in stats) + sum(size for _, size in self._temps())
             for path, size, _ in stats:
                 if total <= limit:
                     break
@@ -291,14 +296,35 @@ class SnapshotStore:
         log.warning("deleting invalid KV snapshot %s: %s", path.name, why)
         _unlink(path)
 
-    def _remove_stale_temps(self) -> None:
-        # Leftovers of a crash mid-save; fresh ones may belong to another running instance.
+    def _temps(self) -> list[tuple[Path, int]]:
+        """(path, bytes) of the temp files of saves in progress."""
+        out = []
         for temp in self.root.glob(".*.tmp"):
             try:
-                if time.time() - temp.stat().st_mtime > 3600:
+                out.append((temp, temp.stat().st_size))
+            except FileNotFoundError:
+                continue  # renamed into place or removed meanwhile
+        return out
+
+    def _remove_stale_temps(self) -> int:
+        """Delete temp files whose writer is gone (a kill mid-save); returns how many went. A temp
+        of a live process (another instance saving right now) stays, unless a day old."""
+        removed = 0
+        for temp, _ in self._temps():
+            writer = _temp_writer_pid(temp)
+            try:
+                if writer is None or not pid_alive(writer) or time.time() - temp.stat().st_mtime > 86400:
                     temp.unlink()
+                    removed += 1
             except OSError:
                 pass
+        return removed
+
+
+def _temp_writer_pid(temp: Path) -> int | None:
+    # ".<name>.safetensors.<pid>.<thread id>.tmp"
+    parts = temp.name.split(".")
+    return int(parts[-3]) if len(parts) >= 4 and parts[-3].isdigit() else None
 
 
 def _token_tensor(tokens: Sequence[int]) -> torch.Tensor:

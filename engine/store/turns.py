@@ -40,10 +40,11 @@ def owner_alive(owner: str) -> bool:
         return False  # rows from before owners were recorded
     if host != socket.gethostname():
         return True  # cannot tell (a store on a shared drive): never take a live writer's turn
-    return _pid_alive(int(pid))
+    return pid_alive(int(pid))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Is process `pid` on this machine still running?"""
     if pid == os.getpid():
         return True
     if os.name == "nt":  # os.kill(pid, 0) would terminate the process on Windows
