@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from engine.errors import ContextOverflowError, InvalidSettingError
+from engine.errors import ContextOverflowError, InvalidSettingError, ModelFormatError
 from engine.events import ChatMessage, DocumentText, Finished, PrefillProgress, TokenText
 from engine.settings import MODES, DecodeSettings, Sampling
 
@@ -30,19 +30,23 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
 def build_settings(args: argparse.Namespace, context_tokens: int) -> DecodeSettings:
     """Settings from CLI args; the retrieval budget defaults to ~1/8 of the context, multiple of chunk."""
     chunk = args.chunk
+    if not 1 <= chunk <= 1024:  # checked before the budget is sized from it (chunk 0 divided by zero)
+        raise InvalidSettingError(f"--chunk {chunk} is out of range: use 1 to 1024 tokens")
     budget = args.budget
     if budget is None:
         budget = max(2 * chunk, min(4096, (context_tokens // 8) // chunk * chunk))
     defaults = DecodeSettings()
     settings = DecodeSettings(
-        mode=args.mode, budget=budget, chunk=chunk,
-        gamma1=args.gamma1 or defaults.gamma1, gamma2=args.gamma2 or defaults.gamma2,
+        mode=args.mode, budget=budget, chunk=chunk,  # an explicit 0 is refused by validate(), never replaced
+        gamma1=defaults.gamma1 if args.gamma1 is None else args.gamma1,
+        gamma2=defaults.gamma2 if args.gamma2 is None else args.gamma2,
         max_new_tokens=getattr(args, "max_new_tokens", defaults.max_new_tokens),
         stop=tuple(getattr(args, "stop", None) or ()),
         sampling=Sampling(temperature=getattr(args, "temperature", 0.0), top_p=getattr(args, "top_p", 1.0),
                           top_k=getattr(args, "top_k", 0), seed=getattr(args, "seed", None)),
         auto=bool(getattr(args, "auto", False)),
     )
+    settings.validate()  # a bad flag fails before any weight is read
     return settings
 
 
@@ -94,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
 
         new_docs = [read_document(path) for path in args.doc]
     documents = documents + new_docs
+    for doc in new_docs:  # e.g. junk NUL bytes dropped from an old text file: read, but say so
+        for note in doc.meta.get("notes", ()):
+            print(f"note: {note}", file=sys.stderr)
     messages = history + [ChatMessage("user", args.ask)]
 
     # resolve specs before importing torch/transformers, so a wrong spec fails in a blink
@@ -158,8 +165,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _max_context(folder) -> int:
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    return int(config.get("max_position_embeddings") or 4096)
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        return int(config.get("max_position_embeddings") or 4096)
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise ModelFormatError(f"{folder / 'config.json'} is not a valid model config ({exc}): fix the file, "
+                               "or convert or download the model again") from None
 
 
 def _stats(final: Finished, chat_id) -> dict:

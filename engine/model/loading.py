@@ -64,8 +64,22 @@ def _eos_ids(folder: Path, config, tokenizer) -> tuple[int, ...]:
     return tuple(sorted(i for i in ids if i is not None))
 
 
+def load_config(path: Path):
+    """The folder's transformers config; a config.json with wrong types or bad JSON is a ModelFormatError."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except (ValueError, TypeError, KeyError, StrictDataclassError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise ModelFormatError(f"{path / 'config.json'} is not a valid model config ({detail}): fix the file, "
+                               "or convert or download the model again") from exc
+
+
 def load_tokenizer(path: Path):
     """The folder's tokenizer (no weights read)."""
+    if (path / "config.json").is_file():
+        load_config(path)  # AutoTokenizer reads it too: a broken config must not surface as a traceback
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
@@ -81,7 +95,7 @@ def load_folder(folder_info, device: str = "auto", max_positions: int | None = N
     path = Path(getattr(folder_info, "path", folder_info))
     if not (path / "config.json").is_file():
         raise ModelFormatError(f"{path} has no config.json: pass a model folder saved by transformers")
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    config = load_config(path)
     tokenizer = load_tokenizer(path)
     if placement is None:
         dev, dtype = pick_device(device)
