@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from engine.errors import ModelFormatError
+from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.model.runner import LlamaRunner, read_safetensors
 
 Progress = Callable[[str, float | None], None]
@@ -87,11 +87,14 @@ def load_tokenizer(path: Path):
 
 
 def load_folder(folder_info, device: str = "auto", max_positions: int | None = None,
-                placement=None) -> LoadedModel:
+                placement=None, file_blocks: bool | None = None) -> LoadedModel:
     """Load a resolved model folder (anything with `.path`, or a plain path).
 
     placement: an `engine.model.placement.Placement` (from a planner plan): the weights go to its
-    card(s), as one card, a layer split or tensor parallel; `device` then only picks the dtype."""
+    card(s), as one card, a layer split or tensor parallel; `device` then only picks the dtype.
+    file_blocks: on the CPU, a model converted from a quantized GGUF runs the file's own low-bit
+    blocks (engine.model.quant): None = whenever it can, True = must (else a typed error),
+    False = the float32 conversion (the oracle the quantized target is tested against)."""
     path = Path(getattr(folder_info, "path", folder_info))
     if not (path / "config.json").is_file():
         raise ModelFormatError(f"{path} has no config.json: pass a model folder saved by transformers")
@@ -103,7 +106,24 @@ def load_folder(folder_info, device: str = "auto", max_positions: int | None = N
     else:
         _, dtype = pick_device(placement.first_device if device == "auto" else device)
         runner = placement.build_runner(config, read_safetensors(path), dtype, max_positions)
+    if file_blocks is not False:
+        _use_file_blocks(runner, path, required=bool(file_blocks))
     return LoadedModel(folder_info, config, tokenizer, runner, _eos_ids(path, config, tokenizer))
+
+
+def _use_file_blocks(runner, path: Path, required: bool) -> None:
+    """Swap in the source GGUF's own blocks when the runner is one CPU runner and the folder was
+    converted from a GGUF that is still in place; GPUs and safetensors models keep float32."""
+    from engine.model.quant import use_file_blocks
+    from engine.store.models import gguf_source
+
+    on_cpu = isinstance(runner, LlamaRunner) and all(d.type == "cpu" for d in runner.layer_devices)
+    gguf = gguf_source(path) if on_cpu else None
+    swapped = use_file_blocks(runner, gguf) if gguf is not None else 0
+    if required and not swapped:
+        why = "it does not run on the CPU alone" if not on_cpu else \
+            "no source GGUF with Q4_0/Q4_1/Q8_0 tensors is in place"
+        raise UnsupportedModelError(f"{path.name} cannot run its GGUF blocks as stored ({why}): load it in float32")
 
 
 def load_model(spec: str, device: str = "auto", progress: Progress | None = None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -79,26 +80,18 @@ class QuantWeight:
         return self.packed.numel() * self.packed.element_size() + \
             self.scales_zeros.numel() * self.scales_zeros.element_size()
 
-    @classmethod
-    def concat(cls, parts: list["QuantWeight"]) -> "QuantWeight":
-        """Stack weights along `out` (q|k|v, gate|up) into one projection: one kernel call."""
-        kinds = {p.kind for p in parts}
-        if len(kinds) != 1 or len({p.in_features for p in parts}) != 1:
-            raise ValueError(f"QuantWeight.concat: parts differ in kind or width ({sorted(kinds)})")
-        return cls(parts[0].kind, np.concatenate([p.blocks for p in parts]), parts[0].in_features)
-
 
 def block_fields(kind: str, blocks: np.ndarray, in_features: int):
-    """Split raw blocks into (d [out, nb] f32, m [out, nb] f32 or None, q [out, nb, 32] int32);
-    q is 0..15 for the 4-bit kinds (before the -8 of Q4_0) and -128..127 for Q8_0."""
+    """Split raw blocks into (d [out, nb] f32, m [out, nb] f32 or None, q [out, nb, 32]);
+    q is uint8 0..15 for the 4-bit kinds (before Q4_0's -8) and int8 -128..127 for Q8_0."""
     out, nb = blocks.shape[0], in_features // BLOCK
-    raw = torch.from_numpy(np.ascontiguousarray(blocks)).view(out, nb, BLOCK_BYTES[kind])  # [out, nb, bytes]
-    d = raw[..., 0:2].contiguous().view(torch.float16).float().view(out, nb)
+    raw = torch.from_numpy(np.require(blocks, requirements=("C", "W"))).view(out, nb, BLOCK_BYTES[kind])
+    d = raw[..., 0:2].contiguous().view(torch.float16).float().view(out, nb)  # [out, nb]
     if kind == "Q8_0":
-        return d, None, raw[..., 2:].contiguous().view(torch.int8).int()
+        return d, None, raw[..., 2:].contiguous().view(torch.int8)  # [out, nb, 32]
     start = 4 if kind == "Q4_1" else 2
     m = raw[..., 2:4].contiguous().view(torch.float16).float().view(out, nb) if kind == "Q4_1" else None
-    nibbles = raw[..., start:start + BLOCK // 2].int()  # [out, nb, 16]
+    nibbles = raw[..., start:start + BLOCK // 2]  # [out, nb, 16]
     return d, m, torch.cat([nibbles & 0xF, nibbles >> 4], dim=-1)  # [out, nb, 32]
 
 
@@ -106,7 +99,7 @@ def dequantize_blocks(kind: str, blocks: np.ndarray, in_features: int) -> torch.
     """Raw GGUF blocks [out, bytes] -> float32 [out, in], computed as ggml does (one rounding)."""
     d, m, q = block_fields(kind, blocks, in_features)
     if kind == "Q4_0":
-        w = d[..., None] * (q - 8).float()
+        w = d[..., None] * (q.float() - 8)
     elif kind == "Q4_1":
         w = d[..., None] * q.float() + m[..., None]
     else:
@@ -117,27 +110,28 @@ def dequantize_blocks(kind: str, blocks: np.ndarray, in_features: int) -> torch.
 def _pack(kind: str, blocks: np.ndarray, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8 [out_pad, in' / 2], scales_zeros bf16 [in' / 32, out_pad, 2]) for the int4
     kernel, in' = in (2 in for Q8_0), out padded with zero rows to a multiple of 64."""
-    out = blocks.shape[0]
+    out, nb = blocks.shape[0], in_features // BLOCK
     out_pad = -(-out // _ROW_ALIGN) * _ROW_ALIGN
-    packed, scales = [], []
+    groups = 2 * nb if kind == "Q8_0" else nb
+    scales_zeros = torch.zeros(groups, out_pad, 2)  # [in' / 32, out_pad, 2]; padded rows: scale 0
+    packed = []
     for start in range(0, out_pad, _PACK_ROWS):
-        chunk = blocks[start:min(start + _PACK_ROWS, out)]
-        d, m, q = block_fields(kind, chunk, in_features)  # [n, nb], [n, nb], [n, nb, 32]
+        stop = min(start + _PACK_ROWS, out_pad)
+        d, m, q = block_fields(kind, blocks[start:min(stop, out)], in_features)  # [n, nb] [n, nb] [n, nb, 32]
+        n = q.shape[0]
+        codes = torch.zeros(stop - start, groups, BLOCK, dtype=torch.int32)  # the packer takes int32 only
+        sz = scales_zeros[:, start:start + n]  # [groups, n, 2]
         if kind == "Q8_0":
-            codes = torch.cat([(q >> 4) + 8, q & 0xF], dim=1)  # [n, 2 nb, 32]: hi blocks, then lo blocks
-            scale = torch.cat([16 * d, d], dim=1)
-            zero = torch.cat([torch.zeros_like(d), 8 * d], dim=1)
+            codes[:n, :nb] = (q >> 4) + 8  # hi in -8..7, stored as u = hi + 8: scale 16 d, zero 0
+            codes[:n, nb:] = q & 0xF  # lo in 0..15: scale d, zero 8 d
+            sz[:nb, :, 0], sz[nb:, :, 0], sz[nb:, :, 1] = 16 * d.t(), d.t(), 8 * d.t()
         else:
-            codes, scale = q, d
-            zero = m + 8 * d if kind == "Q4_1" else torch.zeros_like(d)
-        rows = min(_PACK_ROWS, out_pad - start)
-        pad = rows - codes.shape[0]  # zero rows (scale 0) up to the 64-row tile
-        codes = torch.nn.functional.pad(codes.reshape(codes.shape[0], -1), (0, 0, 0, pad)).contiguous()
-        scale = torch.nn.functional.pad(scale, (0, 0, 0, pad))
-        zero = torch.nn.functional.pad(zero, (0, 0, 0, pad))
-        packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))  # [rows, in' / 2]
-        scales.append(torch.stack([scale.t(), zero.t()], dim=-1))  # [in' / 32, rows, 2]
-    return torch.cat(packed), torch.cat(scales, dim=1).to(torch.bfloat16).contiguous()
+            codes[:n] = q
+            sz[:, :, 0] = d.t()
+            if kind == "Q4_1":
+                sz[:, :, 1] = (m + 8 * d).t()
+        packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.view(stop - start, -1), 1))
+    return torch.cat(packed), scales_zeros.to(torch.bfloat16)
 
 
 # ---------------------------------------------------------------- a GGUF file's projections
@@ -153,14 +147,22 @@ def unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
     return np.arange(n_rows).reshape(n_heads, head_dim // 2, 2).transpose(0, 2, 1).reshape(-1)
 
 
-def read_gguf_weights(path: Path, arch) -> tuple[dict[str, QuantWeight], list[str]]:
+class FileBlocks(NamedTuple):
+    """One tensor's raw GGUF blocks, rows in HF order, not yet packed."""
+
+    kind: str
+    blocks: np.ndarray  # [out, nb * block bytes] uint8
+    in_features: int
+
+
+def read_gguf_blocks(path: Path, arch) -> tuple[dict[str, FileBlocks], list[str]]:
     """The quantized projections of a GGUF, by the runner's names ("layers.3.q", "embed",
-    "lm_head"), rows in HF order; plus the names left to the float32 path (unsupported kinds)."""
+    "lm_head"), rows in HF order; plus the tensors left to the float32 path (unsupported kinds)."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))  # memory-mapped: blocks are read only when used
     tensors = {t.name: t for t in reader.tensors}
-    found: dict[str, QuantWeight] = {}
+    found: dict[str, FileBlocks] = {}
     skipped: list[str] = []
     wanted = {"embed": "token_embd.weight", "lm_head": "output.weight"}
     for i in range(arch.n_layers):
@@ -178,40 +180,46 @@ def read_gguf_weights(path: Path, arch) -> tuple[dict[str, QuantWeight], list[st
         if key.endswith((".q", ".k")):
             heads = arch.n_heads if key.endswith(".q") else arch.n_kv_heads
             blocks = blocks[unpermute_rows(blocks.shape[0], heads)]
-        found[key] = QuantWeight(kind, blocks, int(tensor.shape[0]))
+        found[key] = FileBlocks(kind, blocks, int(tensor.shape[0]))
     if "output.weight" not in tensors and "embed" in found:  # tied: the file stores the table once
         found["lm_head"] = found["embed"]
     return found, skipped
 
 
+def _fused(parts: list[FileBlocks | None]) -> QuantWeight | None:
+    """One QuantWeight over parts stacked along `out` (q|k|v, gate|up), or None when a part is
+    missing or the parts differ in kind (that projection stays float32)."""
+    if any(p is None for p in parts) or len({(p.kind, p.in_features) for p in parts}) != 1:
+        return None
+    blocks = parts[0].blocks if len(parts) == 1 else np.concatenate([p.blocks for p in parts])
+    return QuantWeight(parts[0].kind, blocks, parts[0].in_features)
+
+
 def use_file_blocks(runner, path: Path) -> int:
-    """Swap the runner's float32 projections for the GGUF's own blocks, where the file has them
-    in a supported kind; returns how many projections now run quantized (0: nothing changed).
-    A fused projection (q|k|v, gate|up) is swapped only when all its parts share one kind."""
-    arch = runner.arch
-    found, skipped = read_gguf_weights(Path(path), arch)
+    """Swap the runner's float32 projections for the GGUF's own blocks where the file has them
+    in a supported kind; returns how many projections now run quantized (0: nothing changed)."""
+    found, skipped = read_gguf_blocks(Path(path), runner.arch)
     fused = {"wqkv": ("q", "k", "v"), "wo": ("o",), "w_gate_up": ("gate", "up"), "w_down": ("down",)}
     swapped = 0
     for i, layer in enumerate(runner.layers):
         for attr, roles in fused.items():
-            parts = [found.get(f"layers.{i}.{r}") for r in roles]
-            if any(p is None for p in parts) or len({p.kind for p in parts}) != 1:
-                continue
-            setattr(layer, attr, parts[0] if len(parts) == 1 else QuantWeight.concat(parts))
-            if attr == "w_gate_up":
-                layer.gate_up_packed = None
-            swapped += 1
-    embed = found.get("embed")
-    head = found.get("lm_head")
+            weight = _fused([found.get(f"layers.{i}.{r}") for r in roles])
+            if weight is not None:
+                setattr(layer, attr, weight)
+                swapped += 1
+        if isinstance(layer.w_gate_up, QuantWeight):
+            layer.gate_up_packed = None  # the float32 prepacked copy is no longer used
+    embed = _fused([found.get("embed")])
     if embed is not None:
         runner.embed = embed
         swapped += 1
+    head = embed if found.get("lm_head") is found.get("embed") else _fused([found.get("lm_head")])
     if head is not None:
         runner.lm_head, runner._lm_head_packed = head, None
         swapped += 1
     if skipped:
-        log.warning("%s: %d tensors in kinds we cannot run as stored (%s...): those run in float32",
+        log.warning("%s: %d tensors are in kinds we cannot run as stored (%s...): they run in float32",
                     Path(path).name, len(skipped), ", ".join(skipped[:3]))
     if swapped:
-        runner.weights_tag = "gguf-int4-bf16"
+        runner.weights_tag = "gguf-int4-bf16"  # a different target: its K/V differ from float32's
     return swapped

@@ -69,7 +69,7 @@ class Architecture:
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor  # [hidden]
-    wqkv: torch.Tensor  # [(Hq + 2 Hkv) * D, hidden]
+    wqkv: torch.Tensor  # [(Hq + 2 Hkv) * D, hidden]; this and wo, w_gate_up, w_down may be quant.QuantWeight
     bqkv: torch.Tensor | None  # [(Hq + 2 Hkv) * D]
     wo: torch.Tensor  # [hidden, Hq * D]
     mlp_norm: torch.Tensor  # [hidden]
@@ -79,8 +79,12 @@ class _Layer:
 
     def nbytes(self) -> int:
         """Bytes of the weights (the prepacked copy is a cache of w_gate_up, not counted)."""
-        return sum(t.numel() * t.element_size() for name, t in vars(self).items()
-                   if t is not None and not name.endswith("_packed"))
+        return sum(weight_bytes(t) for name, t in vars(self).items() if t is not None and not name.endswith("_packed"))
+
+
+def weight_bytes(weight) -> int:
+    """Bytes of a float tensor, or of a file-blocks weight (engine.model.quant.QuantWeight)."""
+    return weight.numel() * weight.element_size() if isinstance(weight, torch.Tensor) else weight.nbytes()
 
 
 def state_tensor(state: dict[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -124,11 +128,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
-    """x [T, in] @ weight[out, in].T, through the prepacked oneDNN copy when there is one."""
-    if packed is not None:
+def linear(x: torch.Tensor, weight, packed: torch.Tensor | None = None,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, in] @ weight[out, in].T (+ bias), through the prepacked oneDNN copy when there is one.
+    `weight` is a float tensor or the model file's own blocks (anything with .matmul: quant.py)."""
+    if not isinstance(weight, torch.Tensor):
+        y = weight.matmul(x)  # [T, out] float32
+        return y if bias is None else y + bias
+    if packed is not None and bias is None:
         return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), packed, None).to_dense()
-    return F.linear(x, weight)
+    return F.linear(x, weight, bias)
 
 
 class LlamaRunner:
@@ -141,6 +150,7 @@ class LlamaRunner:
         self.config = config
         self.arch = arch = Architecture.from_config(config)
         self.device, self.dtype = torch.device(device), dtype
+        self.weights_tag = ""  # names a non-default weight path (quant.py) in snapshot keys
         self.layer_devices = [torch.device(d) for d in layer_devices] if layer_devices else [self.device] * arch.n_layers
         if len(self.layer_devices) != arch.n_layers:
             raise ValueError(f"layer_devices has {len(self.layer_devices)} entries for {arch.n_layers} layers")
@@ -198,7 +208,7 @@ class LlamaRunner:
 
     def nbytes(self) -> int:
         tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
-        return sum(t.numel() * t.element_size() for t in tensors) + sum(layer.nbytes() for layer in self.layers)
+        return sum(weight_bytes(t) for t in tensors) + sum(layer.nbytes() for layer in self.layers)
 
     @staticmethod
     def _pack_for_cpu(weight: torch.Tensor) -> torch.Tensor | None:
@@ -224,21 +234,21 @@ class LlamaRunner:
         arch = self.arch
         n_new = tokens.shape[0]
         q_size, kv_size = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim
-        x = self.embed[tokens]  # [T, hidden]
+        x = self.embed[tokens] if isinstance(self.embed, torch.Tensor) else self.embed.rows(tokens)  # [T, hidden]
         cache.begin(positions, self.rope)
         for index, layer in enumerate(self.layers):
             if x.device != self.layer_devices[index]:  # layer split: hand the hidden state to the next card
                 x = x.to(self.layer_devices[index])
             h = rms_norm(x, layer.attn_norm, arch.rms_eps)
-            qkv = F.linear(h, layer.wqkv, layer.bqkv)  # [T, (Hq + 2 Hkv) * D]
+            qkv = linear(h, layer.wqkv, bias=layer.bqkv)  # [T, (Hq + 2 Hkv) * D]
             q = qkv[:, :q_size].view(n_new, arch.n_heads, arch.head_dim).transpose(0, 1)  # [Hq, T, D]
             k = qkv[:, q_size:q_size + kv_size].view(n_new, arch.n_kv_heads, arch.head_dim).transpose(0, 1)
             v = qkv[:, q_size + kv_size:].view(n_new, arch.n_kv_heads, arch.head_dim).transpose(0, 1)
             attn = cache.attend(index, q, k, v)  # [Hq, T, D]
-            x = x + F.linear(attn.transpose(0, 1).reshape(n_new, q_size), layer.wo)
+            x = x + linear(attn.transpose(0, 1).reshape(n_new, q_size), layer.wo)
             h = rms_norm(x, layer.mlp_norm, arch.rms_eps)
             gate, up = linear(h, layer.w_gate_up, layer.gate_up_packed).chunk(2, dim=-1)  # [T, I] each
-            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+            x = x + linear(F.silu(gate) * up, layer.w_down)
         cache.end()
         if last_only:
             x = x[-1:]
