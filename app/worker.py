@@ -15,16 +15,17 @@ import logging
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine.api import MAX_DOCUMENT_BYTES, SNAPSHOT_CACHE_BYTES, Cancelled, Engine, read_document
+from app.engine_backend import EngineBackend, model_info
+from app.job_messages import (Conversation, DocumentReady, JobFailed, LoadProgress,  # noqa: F401 (re-exported)
+                              ModelInfo, TokenBatch)
+from engine.api import Cancelled
 from engine.errors import ReadCancelled, UserError
-from engine.events import (ChatMessage, DocumentText, Finished, FinishReason, Metrics, PrefillProgress, ReadProgress,
-                           TokenText)
+from engine.events import DocumentText, Finished, FinishReason, Metrics, PrefillProgress, ReadProgress, TokenText
 from engine.settings import DecodeSettings
 
 log = logging.getLogger(__name__)
@@ -32,123 +33,6 @@ log = logging.getLogger(__name__)
 TOKEN_INTERVAL_S = 0.05  # coalesce answer text: at most ~20 GUI updates a second
 METRICS_INTERVAL_S = 0.1  # panels: at most ~10 Hz
 PROGRESS_INTERVAL_S = 0.1
-
-
-# ----------------------------------------------------------------------------- messages
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the GUI needs to know about the loaded model."""
-
-    spec: str
-    name: str
-    model_id: str
-    device: str
-    max_context: int
-    draft: str
-    source: str = ""
-
-
-@dataclass(frozen=True)
-class LoadProgress:
-    """Model resolution/download/conversion progress; `fraction` None means indeterminate."""
-
-    job: int
-    stage: str
-    fraction: float | None
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """What one prompt is made of: the chat's messages, its documents, the system prompt."""
-
-    messages: tuple[ChatMessage, ...]
-    documents: tuple[DocumentText, ...] = ()
-    system: str | None = None
-
-
-@dataclass(frozen=True)
-class DocumentReady:
-    """A document was read, counted and fits; the prefill that follows belongs to the same job."""
-
-    job: int
-    path: str
-    document: DocumentText
-    tokens: int
-
-
-@dataclass(frozen=True)
-class TokenBatch:
-    """The answer text of one ~50 ms window: the engine's TokenText pieces, adjacent same-level ones merged."""
-
-    pieces: tuple[TokenText, ...]
-
-    @property
-    def text(self) -> str:
-        return "".join(p.text for p in self.pieces)
-
-
-@dataclass(frozen=True)
-class JobFailed:
-    """A command failed. `user_error`: show `message` and carry on; otherwise it is a bug (`details`)."""
-
-    job: int
-    kind: str  # "load", "ingest", "stream", "prefill", "count"
-    message: str
-    user_error: bool
-    details: str = ""
-    error: BaseException | None = field(default=None, compare=False)
-    path: str = ""
-
-
-# ----------------------------------------------------------------------------- backend
-
-class EngineBackend:
-    """How the worker builds a session: the engine's facade (engine.api.Engine), in the steps the
-    worker needs between them (drop the old model after the download, before the weights load).
-    Swappable in tests."""
-
-    max_document_bytes = MAX_DOCUMENT_BYTES  # the Settings panel changes both
-    snapshot_cap_bytes = SNAPSHOT_CACHE_BYTES
-    FIRST_CACHE_TOKENS = 16384  # a GPU session's full cache starts this big and grows with the chat
-
-    def _engine(self) -> Engine:
-        return Engine(snapshot_cap_bytes=self.snapshot_cap_bytes, first_cache_tokens=self.FIRST_CACHE_TOKENS)
-
-    def resolve(self, spec: str, progress: Callable[[str, float | None], None],
-                cancel: Callable[[], bool]) -> Any:
-        """Find the model's folder: download or convert it if needed (slow, cancellable, no RAM)."""
-        return Engine.resolve(spec, progress, cancel)
-
-    def plan_for(self, resolved: Any, draft_resolved: Any, settings: DecodeSettings) -> Any:
-        """On a CUDA machine: the planner's placement for the model's whole context (one card, a
-        layer split or tensor parallel), made from config.json before any weight is read. Raises
-        OutOfMemoryPlanError, with the numbers, when it cannot fit. None without a GPU."""
-        return self._engine().place(resolved, draft_resolved, settings)
-
-    def load(self, resolved: Any, plan: Any = None, draft: bool = False) -> Any:
-        """Load a resolved folder's weights where `plan` puts them (target: its cards; draft: its card)."""
-        return self._engine().load_weights(resolved, plan, draft=draft)
-
-    def session(self, target: Any, settings: DecodeSettings, draft: Any, plan: Any = None) -> Any:
-        """A GpuPlacement starts the KV cache at FIRST_CACHE_TOKENS and lets it grow, offloading
-        as the plan for each size says (a short chat keeps every layer on the card)."""
-        return self._engine().session(target, settings, draft, plan)
-
-    def read_document(self, path: str, progress: Callable[[int, int], None] | None = None,
-                      cancel: Callable[[], bool] | None = None) -> DocumentText:
-        """Read a file (a PDF reports its pages and stops between two when `cancel` says so)."""
-        return read_document(path, max_bytes=self.max_document_bytes, progress=progress, cancel=cancel)
-
-
-def _model_info(spec: str, target: Any, draft: Any) -> ModelInfo:
-    folder = getattr(target, "folder", None)
-    name = getattr(folder, "name", None) or str(spec)
-    model_id = getattr(folder, "model_id", None) or name
-    source = str(getattr(folder, "source", "") or "")
-    draft_name = draft if isinstance(draft, str) else getattr(getattr(draft, "folder", None), "name", "model")
-    return ModelInfo(spec=spec, name=str(name), model_id=str(model_id), device=str(getattr(target, "where", None) or getattr(target, "device", "cpu")),
-                     max_context=int(getattr(target, "max_context", 0) or 0), draft=str(draft_name), source=source)
 
 
 # ----------------------------------------------------------------------------- worker
@@ -255,7 +139,7 @@ class EngineWorker(QObject):
             with self._lock:
                 self._target, self._session = target, session
                 self._settings = session.settings
-            self.modelLoaded.emit(job, _model_info(spec, target, draft))
+            self.modelLoaded.emit(job, model_info(spec, target, draft))
         except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
             self._report(job, "load", exc)
         finally:

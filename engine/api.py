@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from engine.documents import MAX_BYTES as MAX_DOCUMENT_BYTES
 from engine.documents import read_document
-from engine.errors import Cancelled, UserError
+from engine.errors import Cancelled
 from engine.settings import DecodeSettings
 from engine.store.chats import ChatStore, ChatSummary, Message, StoredDocument
 from engine.store.paths import SNAPSHOT_CACHE_BYTES, app_home
@@ -213,15 +213,19 @@ def shape_for(spec: str):
     return shape(spec)
 
 
-def preview_plan(target_spec: str, draft_spec: str, context: int, settings: DecodeSettings, profile: str):
+def preview_plan(target_spec: str, draft_spec: str, context: int, settings: DecodeSettings, profile: str,
+                 ram_bytes: int | None = None):
     """The offload plan for a model on a device profile ("auto", "cpu", "4090", "4090x2"), from config
-    files only, never raising for a misfit (the plan says what does not fit)."""
+    files only, never raising for a misfit (the plan says what does not fit). ram_bytes: the RAM a
+    GPU profile assumes (the app passes this machine's; default 128 GiB)."""
+    from engine.offload.devices import device_spec
     from engine.offload.planner import plan_placement
 
     target = shape_for(target_spec)
     draft = shape_for(draft_spec) if draft_spec not in DRAFTERS_WITHOUT_MODEL else None
     context = min(context, target.max_context)
-    return plan_placement(target, draft, context, settings.fit_budget(context), profile, raise_on_misfit=False)
+    devices = device_spec(profile, ram_bytes) if ram_bytes else profile
+    return plan_placement(target, draft, context, settings.fit_budget(context), devices, raise_on_misfit=False)
 
 
 def describe_plan(plan) -> str:
