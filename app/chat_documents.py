@@ -7,10 +7,13 @@ unstored document removes it again, so the store never holds a half-attached doc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from app.chat_repo import ChatRepo
-from app.document_chips import DocumentChips
 from engine.events import DocumentText
+
+if TYPE_CHECKING:  # the controller that uses this list stays Qt-free
+    from app.chat_repo import ChatRepo
+    from app.document_chips import DocumentChips
 
 
 @dataclass
@@ -37,7 +40,7 @@ class Ingest:
 class ChatDocuments:
     """The list behind the chips, kept in step with them and with the store."""
 
-    def __init__(self, repo: ChatRepo, chips: DocumentChips) -> None:
+    def __init__(self, repo: "ChatRepo", chips: "DocumentChips") -> None:
         self.repo = repo
         self.chips = chips
         self.items: list[AttachedDocument] = []

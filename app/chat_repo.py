@@ -2,14 +2,16 @@
 messages with their stats and level spans, exports as text.
 
 All calls run on the GUI thread (a write is one small SQLite transaction, a millisecond or
-two); each write commits on its own, so a crash loses at most the answer being written.
+two). A question and the start of its answer are one transaction (`begin_turn`), the answer is
+checkpointed as it streams, and its end (text + state) is one more, so a crash loses at most the
+last checkpoint interval and never leaves a question without a row for its answer.
 """
 from __future__ import annotations
 
 import json
 from typing import Any, Sequence
 
-from engine.store.chats import ChatStore, ChatSummary, Message, StoredDocument
+from engine.api import ChatStore, ChatSummary, Message, StoredDocument
 from engine.events import ChatMessage, DocumentText
 
 
@@ -30,6 +32,40 @@ def spans_from_segments(segments: Sequence[tuple[str, int]]) -> list[tuple[int, 
 
 def segments_from_spans(text: str, spans: Sequence[Sequence[int]]) -> list[tuple[str, int]]:
     return [(text[s:e], int(level)) for s, e, level in spans if 0 <= s < e <= len(text)]
+
+
+PARTIAL_NOTE = {"stopped": "*(stopped by the user: partial answer)*",
+                "interrupted": "*(interrupted: partial answer)*", "streaming": "*(interrupted: partial answer)*"}
+
+
+def _partial(m: Message) -> bool:
+    return m.role == "assistant" and (getattr(m, "state", "done") != "done" or bool(m.stats.get("partial")))
+
+
+def export_markdown(markdown: str, messages: Sequence[Message]) -> str:
+    """The store's Markdown with a note under each answer that did not end (the store does not write one)."""
+    notes = [PARTIAL_NOTE.get(getattr(m, "state", "stopped"), PARTIAL_NOTE["stopped"])
+             for m in messages if _partial(m)]
+    if not notes or any(note in markdown for note in PARTIAL_NOTE.values()):
+        return markdown
+    out, answers = [], iter(m for m in messages if m.role in ("user", "assistant", "system"))
+    current: Message | None = None
+    for line in markdown.split("\n"):
+        if line.startswith("## ") and line[3:].strip().lower() in ("user", "assistant", "system"):
+            if current is not None and _partial(current):
+                _add_note(out, current)
+            current = next(answers, None)
+        out.append(line)
+    if current is not None and _partial(current):
+        _add_note(out, current)
+        out.append("")
+    return "\n".join(out)
+
+
+def _add_note(out: list[str], m: Message) -> None:
+    while out and not out[-1].strip():
+        out.pop()
+    out += ["", PARTIAL_NOTE.get(getattr(m, "state", "stopped"), PARTIAL_NOTE["stopped"]), ""]
 
 
 class ChatRepo:
@@ -59,14 +95,35 @@ class ChatRepo:
         return self.store.messages(chat_id)
 
     def add_message(self, chat_id: int, role: str, text: str, stats: dict | None = None,
-                    segments: Sequence[tuple[str, int]] = ()) -> int:
+                    segments: Sequence[tuple[str, int]] = (), state: str = "done") -> int:
         return self.store.add_message(chat_id, role, text, stats=stats or {},
-                                      level_spans=spans_from_segments(segments)).idx
+                                      level_spans=spans_from_segments(segments), state=state).idx
 
     def update_message(self, chat_id: int, idx: int, text: str, stats: dict | None = None,
-                       segments: Sequence[tuple[str, int]] = ()) -> None:
+                       segments: Sequence[tuple[str, int]] = (), state: str | None = None) -> None:
         self.store.update_message(chat_id, idx, text=text, stats=stats or {},
-                                  level_spans=spans_from_segments(segments))
+                                  level_spans=spans_from_segments(segments), state=state)
+
+    def begin_turn(self, chat_id: int, question: str) -> tuple[int, int]:
+        """Save a question and an empty answer marked "streaming" in one transaction: (question, answer) idx."""
+        turn = self.store.begin_turn(chat_id, question)
+        return turn.question.idx, turn.answer.idx
+
+    def begin_answer(self, chat_id: int) -> int:
+        """An empty answer marked "streaming" after the chat's last question (regenerate, retry)."""
+        return self.store.add_message(chat_id, "assistant", "", state="streaming").idx
+
+    def interrupted_question(self, chat_id: int) -> Message | None:
+        """The question a crash, a kill or a shutdown cut off (to offer Retry); None if the last turn ended."""
+        stored = [m for m in self.store.messages(chat_id) if m.role in ("user", "assistant")]
+        if not stored:
+            return None
+        last = stored[-1]
+        if last.role == "user":
+            return last  # no answer row at all (a store written before turns were atomic)
+        if getattr(last, "state", "done") in ("interrupted", "streaming") and len(stored) >= 2:
+            return stored[-2] if stored[-2].role == "user" else None
+        return None
 
     def delete_messages_from(self, chat_id: int, idx: int) -> None:
         self.store.delete_messages_from(chat_id, idx)
@@ -103,9 +160,15 @@ class ChatRepo:
         return self.store.get_chat_settings(chat_id) or {}
 
     def export(self, chat_id: int, fmt: str) -> str:
+        """The chat as Markdown or JSON; an answer that did not end (stopped, interrupted) says so."""
         if fmt == "markdown":
-            return self.store.export_markdown(chat_id)
-        return json.dumps(self.store.export_json(chat_id), indent=2, ensure_ascii=False)
+            return export_markdown(self.store.export_markdown(chat_id), self.store.messages(chat_id))
+        data = self.store.export_json(chat_id)
+        for message, stored in zip(data.get("messages", []), self.store.messages(chat_id)):
+            if isinstance(message, dict) and _partial(stored):
+                message.setdefault("partial", True)
+                message.setdefault("state", getattr(stored, "state", "stopped"))
+        return json.dumps(data, indent=2, ensure_ascii=False)
 
     def close(self) -> None:
         self.store.close()

@@ -7,200 +7,18 @@ level (L0 drafter, L1 retrieval, L2 full cache) that produced it.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from typing import Any
 
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
-from PySide6.QtGui import (QColor, QFontDatabase, QGuiApplication, QTextBlockFormat, QTextCharFormat, QTextCursor,
-                           QTextDocument, QTextFormat)
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QTextBrowser, QToolButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
+from app.chat_repo import segments_from_spans
+from app.message_widget import LEVEL_NAMES, MARKDOWN_FEATURES, Message, MessageWidget, render_markdown  # noqa: F401
 from app.theme import Colors, colors
 
-MARKDOWN_FEATURES = QTextDocument.MarkdownFeature(
-    QTextDocument.MarkdownFeature.MarkdownDialectGitHub.value | QTextDocument.MarkdownFeature.MarkdownNoHTML.value)
-LEVEL_NAMES = ("L0 drafter", "L1 retrieval cache", "L2 full cache")
-
-
-def render_markdown(doc: QTextDocument, text: str, c: Colors) -> None:
-    """Fill `doc` from Markdown with raw HTML disabled; code gets a fixed-pitch font and a tint."""
-    doc.setMarkdown(text, MARKDOWN_FEATURES)
-    mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
-    block = doc.begin()
-    while block.isValid():
-        fmt = block.blockFormat()
-        if fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or fmt.nonBreakableLines():
-            cursor = QTextCursor(block)
-            bfmt = QTextBlockFormat(fmt)
-            bfmt.setBackground(QColor(c.code_background))
-            bfmt.setLeftMargin(8)
-            bfmt.setRightMargin(8)
-            cursor.setBlockFormat(bfmt)
-            cursor.select(QTextCursor.SelectionType.BlockUnderCursor)
-            cursor = QTextCursor(block)
-            cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
-            cfmt = QTextCharFormat()
-            cfmt.setFont(mono)
-            cursor.mergeCharFormat(cfmt)
-        else:
-            # inline `code` spans: Qt marks them fixed-pitch; give them the real monospace family
-            it = block.begin()
-            while not it.atEnd():
-                frag = it.fragment()
-                if frag.isValid() and frag.charFormat().fontFixedPitch():
-                    cursor = QTextCursor(doc)
-                    cursor.setPosition(frag.position())
-                    cursor.setPosition(frag.position() + frag.length(), QTextCursor.MoveMode.KeepAnchor)
-                    cfmt = QTextCharFormat()
-                    cfmt.setFontFamilies([mono.family()])
-                    cfmt.setBackground(QColor(c.code_background))
-                    cursor.mergeCharFormat(cfmt)
-                it += 1
-        block = block.next()
-
-
-class MessageBody(QTextBrowser):
-    """A read-only document that sizes itself to its content (no inner scrollbars)."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setReadOnly(True)
-        self.setOpenExternalLinks(True)
-        self.setFrameShape(QFrame.Shape.NoFrame)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
-        self.viewport().setAutoFillBackground(False)
-        self.setStyleSheet("QTextBrowser { background: transparent; border: none; }")
-        self.document().setDocumentMargin(2)
-        self._max_width = 600
-        self._shrink = False
-
-    def fit(self, max_width: int, shrink: bool) -> None:
-        """Lay out for `max_width`; `shrink` narrows the box to the text (short user messages)."""
-        self._max_width, self._shrink = max(80, max_width), shrink
-        doc = self.document()
-        doc.setTextWidth(self._max_width)
-        width = self._max_width
-        if shrink:
-            width = min(self._max_width, math.ceil(doc.idealWidth()) + 2)
-            doc.setTextWidth(width)
-        height = math.ceil(doc.size().height())
-        self.setFixedSize(width, height)
-
-    def refit(self) -> None:
-        self.fit(self._max_width, self._shrink)
-
-
-@dataclass
-class Message:
-    """One displayed message. `segments` keep (text, level) for the colour-by-level view."""
-
-    role: str  # "user", "assistant", "error", "notice"
-    text: str
-    footer: str = ""
-    segments: list[tuple[str, int]] = field(default_factory=list)
-    store_index: int | None = None
-
-
-class MessageWidget(QFrame):
-    """A bubble: a small header (who), the body, and a footer (speed, how it ended)."""
-
-    regenerate = Signal()
-    edit = Signal()
-    copyRequested = Signal(str)
-    dismissed = Signal()
-
-    def __init__(self, message: Message, c: Colors, header: str, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.message = message
-        self._colors = c
-        self._color_levels = False
-        names = {"user": "userBubble", "assistant": "answerBubble", "error": "errorBubble", "notice": "noticeBubble"}
-        self.setObjectName(names.get(message.role, "answerBubble"))
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(14, 8, 14, 8)
-        lay.setSpacing(4)
-        top = QHBoxLayout()
-        top.setSpacing(6)
-        self.header = QLabel(header)
-        self.header.setObjectName("muted")
-        font = self.header.font()
-        font.setBold(True)
-        font.setPointSizeF(font.pointSizeF() * 0.85)
-        self.header.setFont(font)
-        top.addWidget(self.header)
-        top.addStretch(1)
-        self.copy_button = QToolButton(text="Copy")
-        self.copy_button.setObjectName("muted")
-        self.copy_button.setToolTip("Copy this message as Markdown")
-        self.copy_button.clicked.connect(lambda: self.copyRequested.emit(self.message.text))
-        self.regen_button = QToolButton(text="Regenerate")
-        self.regen_button.setToolTip("Answer this question again")
-        self.regen_button.clicked.connect(self.regenerate.emit)
-        self.regen_button.hide()
-        self.edit_button = QToolButton(text="Edit")
-        self.edit_button.setToolTip("Change this question and ask again (the messages after it are replaced)")
-        self.edit_button.clicked.connect(self.edit.emit)
-        self.edit_button.hide()
-        for b in (self.copy_button, self.edit_button, self.regen_button):
-            b.setCursor(Qt.CursorShape.PointingHandCursor)
-            top.addWidget(b)
-        self.dismiss_button = QToolButton(text="✕")
-        self.dismiss_button.setToolTip("Dismiss")
-        self.dismiss_button.clicked.connect(self.dismissed.emit)
-        top.addWidget(self.dismiss_button)
-        if message.role in ("error", "notice"):
-            self.copy_button.hide()
-        else:
-            self.dismiss_button.hide()
-        lay.addLayout(top)
-        self.body = MessageBody(self)
-        if message.role == "error":
-            self.body.setStyleSheet(f"QTextBrowser {{ background: transparent; border: none; color: {c.error_text}; }}")
-        lay.addWidget(self.body)
-        self.footer = QLabel()
-        self.footer.setObjectName("muted")
-        ffont = self.footer.font()
-        ffont.setPointSizeF(ffont.pointSizeF() * 0.85)
-        self.footer.setFont(ffont)
-        self.footer.setVisible(False)
-        lay.addWidget(self.footer)
-        self.render()
-
-    def set_color_levels(self, on: bool) -> None:
-        if on != self._color_levels:
-            self._color_levels = on
-            self.render()
-
-    def render(self) -> None:
-        msg, doc = self.message, self.body.document()
-        if msg.role == "assistant" and self._color_levels and msg.segments:
-            doc.clear()
-            cursor = QTextCursor(doc)
-            for text, level in msg.segments:
-                fmt = QTextCharFormat()
-                fmt.setForeground(QColor(self._colors.level(level)))
-                fmt.setToolTip(LEVEL_NAMES[level])
-                cursor.insertText(text, fmt)
-        elif msg.role in ("error", "notice"):
-            doc.setPlainText(msg.text)
-        elif msg.role == "assistant" and not msg.text:
-            doc.setMarkdown("*…*", MARKDOWN_FEATURES)
-        else:
-            render_markdown(doc, msg.text, self._colors)
-        self.footer.setText(msg.footer)
-        self.footer.setVisible(bool(msg.footer))
-        self.body.refit()
-
-    def fit(self, width: int) -> None:
-        shrink = self.message.role == "user"
-        inner = width - 28
-        self.body.fit(inner, shrink)
-        if shrink:
-            self.setMaximumWidth(max(self.body.width() + 28, 160))
-
+FOOTER_BY_STATE = {"stopped": "stopped — partial answer", "interrupted": "interrupted — partial answer",
+                   "streaming": "interrupted — partial answer"}
 
 class EmptyState(QWidget):
     """What an empty chat shows: the mark and how to start."""
@@ -234,6 +52,7 @@ class ChatView(QScrollArea):
     """A scrolling column of message bubbles; follows the bottom while an answer streams."""
 
     regenerateRequested = Signal()
+    retryRequested = Signal()  # the last question was cut off: ask it again
     editRequested = Signal(int)  # the question's position among the chat's user/assistant messages
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -294,6 +113,23 @@ class ChatView(QScrollArea):
                     segments: list[tuple[str, int]] | None = None) -> MessageWidget:
         return self._add(Message(role, text, footer, list(segments or []), store_index=store_index))
 
+    def show_stored(self, stored: Any, retry_index: int | None = None) -> None:
+        """Show a chat's stored messages (engine.api.Message); each answer's footer says how it
+        ended; `retry_index` marks the question a crash or an error cut off."""
+        self.clear()
+        for m in stored:
+            if m.role not in ("user", "assistant"):
+                continue
+            state = getattr(m, "state", "done")
+            footer = str(m.stats.get("footer", ""))
+            if state != "done" and not footer or state in ("interrupted", "streaming") and "interrupted" not in footer \
+                    and "error" not in footer:
+                footer = FOOTER_BY_STATE.get(state, footer)
+            self.add_message(m.role, m.text, footer, store_index=m.idx,
+                             segments=segments_from_spans(m.text, m.level_spans))
+        if retry_index is not None:
+            self.offer_retry(retry_index)
+
     def add_error(self, text: str) -> MessageWidget:
         return self._add(Message("error", text))
 
@@ -316,8 +152,9 @@ class ChatView(QScrollArea):
             segs.append((text, int(level)))
         self._render_timer.start()
 
-    def finish_answer(self, text: str | None, footer: str) -> MessageWidget | None:
-        """Close the streaming bubble with the final text (None keeps what streamed)."""
+    def finish_answer(self, text: str | None, footer: str, retry: bool = False) -> MessageWidget | None:
+        """Close the streaming bubble with the final text (None keeps what streamed); `retry` offers
+        to ask again (an error cut it off)."""
         w = self._streaming
         self._streaming = None
         self._render_timer.stop()
@@ -328,9 +165,27 @@ class ChatView(QScrollArea):
             w.message.text = text
             w.message.segments = fit_segments(w.message.segments, text)
         w.message.footer = footer
+        w.message.retry = retry
         w.render()
         self._update_actions()
         return w
+
+    def offer_retry(self, store_index: int) -> None:
+        """The question stored at `store_index` was cut off (crash, kill, shutdown): mark its answer
+        "interrupted" with Retry, adding an empty one when no answer was saved at all."""
+        chat = self._chat_widgets()
+        question = next((w for w in chat if w.message.role == "user" and w.message.store_index == store_index), None)
+        if question is None:
+            return
+        after = chat[chat.index(question) + 1:]
+        answer = after[0] if after and after[0].message.role == "assistant" else None
+        if answer is None:
+            answer = self._add(Message("assistant", "", "interrupted — no answer was saved"))
+        elif "interrupted" not in answer.message.footer and "error" not in answer.message.footer:
+            answer.message.footer = "interrupted — partial answer"
+        answer.message.retry = True
+        answer.render()
+        self._update_actions()
 
     def drop_streaming(self) -> None:
         """Remove the streaming bubble (nothing came out)."""
@@ -357,6 +212,7 @@ class ChatView(QScrollArea):
         w = MessageWidget(message, self._colors, header)
         w.set_color_levels(self._color_levels)
         w.regenerate.connect(self.regenerateRequested.emit)
+        w.retry.connect(self.retryRequested.emit)
         w.edit.connect(lambda: self._edit_clicked(w))
         w.dismissed.connect(lambda: self._remove(w) if w in self._widgets else None)
         w.copyRequested.connect(lambda text: QGuiApplication.clipboard().setText(text))
@@ -407,7 +263,9 @@ class ChatView(QScrollArea):
         last = chat[-1] if chat else None
         idle = self._streaming is None
         for w in self._widgets:
-            w.regen_button.setVisible(w is last and w.message.role == "assistant" and idle)
+            retry = w is last and w.message.retry and idle
+            w.retry_button.setVisible(retry)
+            w.regen_button.setVisible(w is last and w.message.role == "assistant" and idle and not retry)
             w.edit_button.setVisible(w.message.role == "user" and idle)
 
     def _content_width(self, role: str) -> int:

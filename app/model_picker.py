@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFileDialog
                                QLineEdit, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton, QSpinBox,
                                QSplitter, QVBoxLayout, QWidget)
 
+from app.wheel_guard import guard_wheel
 from engine.errors import UserError
 from engine.api import BUNDLED_ID, PRESETS
 
@@ -63,8 +64,11 @@ class ModelPicker(QDialog):
 
     modelChosen = Signal(str, str)
 
-    def __init__(self, parent: QWidget | None = None, current: str | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, current: str | None = None, context: int | None = None) -> None:
+        """`context`: plan for this many tokens (what a document that did not fit needs) instead of
+        each model's whole context."""
         super().__init__(parent)
+        self._wanted_context = context
         self.setWindowTitle("Choose a model")
         self.resize(1060, 600)
         lay = QVBoxLayout(self)
@@ -74,7 +78,8 @@ class ModelPicker(QDialog):
         ll.setContentsMargins(0, 0, 0, 0)
         self.list = QListWidget()
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.list.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.list.setWordWrap(True)  # long preset names wrap instead of being cut off
+        self.list.setTextElideMode(Qt.TextElideMode.ElideNone)
         self.list.setSpacing(1)
         ll.addWidget(self.list, 1)
         row = QHBoxLayout()
@@ -100,6 +105,7 @@ class ModelPicker(QDialog):
         f.setBold(True)
         f.setPointSizeF(f.pointSizeF() * 1.15)
         self.title.setFont(f)
+        self.title.setWordWrap(True)
         rl.addWidget(self.title)
         self.note = QLabel()
         self.note.setObjectName("muted")
@@ -123,7 +129,7 @@ class ModelPicker(QDialog):
         self.plan_text = QPlainTextEdit()
         self.plan_text.setReadOnly(True)
         self.plan_text.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-        self.plan_text.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.plan_text.setLineWrapMode(QPlainTextEdit.LineWrapMode.WidgetWidth)  # no plan line is cut off
         rl.addWidget(self.plan_text, 1)
         split.addWidget(right)
         split.setSizes([360, 700])
@@ -147,6 +153,7 @@ class ModelPicker(QDialog):
         self.open_gguf.clicked.connect(self._pick_gguf)
         self.use_repo.clicked.connect(self._use_repo)
         self.repo_id.returnPressed.connect(self._use_repo)
+        self._guard = guard_wheel(self)
         self._select(current)
 
     def chosen(self) -> ModelChoice | None:
@@ -158,7 +165,7 @@ class ModelPicker(QDialog):
         """A folder, file or repo id the user typed: add it to the list and select it."""
         item = QListWidgetItem(choice.label)
         item.setData(Qt.ItemDataRole.UserRole, choice)
-        item.setToolTip(choice.note)
+        item.setToolTip(_tooltip(choice))
         self.list.addItem(item)
         self.list.setCurrentItem(item)
 
@@ -177,7 +184,7 @@ class ModelPicker(QDialog):
         for c in choices:
             item = QListWidgetItem("   " + c.label)
             item.setData(Qt.ItemDataRole.UserRole, c)
-            item.setToolTip(c.note)
+            item.setToolTip(_tooltip(c))
             self.list.addItem(item)
 
     def _select(self, spec: str | None) -> None:
@@ -200,9 +207,9 @@ class ModelPicker(QDialog):
         self.title.setText(c.label.strip())
         self.note.setText(c.note)
         shape = self._shape(c.shape_spec)
-        if shape is not None:
+        if shape is not None or self._wanted_context:
             blocked = self.context.blockSignals(True)
-            self.context.setValue(min(shape.max_context, 1 << 20))
+            self.context.setValue(min(self._wanted_context or shape.max_context, 1 << 20))
             self.context.blockSignals(blocked)
         self._plan_timer.start()
 
@@ -221,15 +228,23 @@ class ModelPicker(QDialog):
         try:
             from engine.api import describe_plan, preview_plan
             plan = preview_plan(c.shape_spec, c.draft, self.context.value(), self._decode_settings(),
-                                self.profile.currentData())
+                                self.profile.currentData(), ram_bytes=self._machine_ram())
         except UserError as exc:
             self._show_verdict(None, str(exc))
             self.plan_text.setPlainText("")
+            self.load_button.setEnabled(True)  # the plan could not be made: loading will say why
             return
         except ImportError:
             self._show_verdict(None, "The planner is not available in this build.")
             return
         self.plan_text.setPlainText(describe_plan(plan))
+        shape = self._shape(c.shape_spec)
+        if shape is not None and self.context.value() > shape.max_context:
+            self._show_verdict(False, f"Does not fit: this model reads at most {shape.max_context:,} tokens, "
+                                      f"{self.context.value():,} are needed. Pick a model with a longer context.")
+            self.load_button.setEnabled(False)
+            return
+        self.load_button.setEnabled(plan.fits)  # the reason is the verdict under the title
         if plan.fits:
             f = plan.floors
             self._show_verdict(True, f"Fits ({plan.mode}). Modelled speed: {f.tokens_per_s:.1f} tokens/s, "
@@ -237,6 +252,16 @@ class ModelPicker(QDialog):
         else:
             self._show_verdict(False, "Does not fit: " + "; ".join(map(str, plan.shortfalls))
                                + ". Try a shorter context, a smaller model, or another device profile.")
+
+    def _machine_ram(self) -> int | None:
+        """This machine's RAM: a GPU profile plans with it (not a 128 GB workstation's)."""
+        if self.profile.currentData() not in ("4090", "4090x2"):
+            return None
+        try:
+            from engine.api import sample_memory
+            return int(sample_memory().ram_total_bytes) or None
+        except Exception:  # noqa: BLE001 - no telemetry: the profile's own figure
+            return None
 
     def _decode_settings(self):
         from engine.settings import DecodeSettings
@@ -269,3 +294,7 @@ class ModelPicker(QDialog):
         if c is not None:
             self.modelChosen.emit(c.spec, c.draft)
             self.accept()
+
+
+def _tooltip(c: ModelChoice) -> str:
+    return f"{c.label.strip()}\n{c.note}" if c.note else c.label.strip()

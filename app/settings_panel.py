@@ -7,19 +7,20 @@ Changes are debounced and emitted as a complete, validated `DecodeSettings`.
 from __future__ import annotations
 
 import dataclasses
-import json
-from typing import Any, Callable
+from typing import Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QGridLayout, QLabel, QPlainTextEdit, QScrollArea,
                                QSlider, QSpinBox, QVBoxLayout, QWidget)
 
+from app.decode_prefs import settings_from_dict, settings_to_dict  # noqa: F401 - re-exported
 from app.panels.common import Card
 from app.theme import Colors, colors
+from app.wheel_guard import guard_wheel
 from engine.api import MAX_DOCUMENT_BYTES as MAX_BYTES
 from engine.api import SNAPSHOT_CACHE_BYTES
 from engine.errors import InvalidSettingError
-from engine.settings import MODES, DecodeSettings, Sampling
+from engine.settings import MODES, DecodeSettings
 
 CHUNKS = (4, 8, 16, 32, 64, 128, 256)
 MODE_LABELS = {"triforce": "TriForce (L0 → L1 → L2)", "ar": "Plain autoregressive", "retrieval-only":
@@ -27,39 +28,6 @@ MODE_LABELS = {"triforce": "TriForce (L0 → L1 → L2)", "ar": "Plain autoregre
 DEFAULT_CONTEXT = 8192
 DEFAULT_DOCUMENT_MIB = MAX_BYTES // 2**20
 DEFAULT_SNAPSHOT_GIB = SNAPSHOT_CACHE_BYTES // 2**30
-
-
-def settings_to_dict(s: DecodeSettings) -> dict[str, Any]:
-    d = dataclasses.asdict(s)
-    d["stop"] = list(s.stop)
-    return d
-
-
-def settings_from_dict(d: dict[str, Any] | str | None, base: DecodeSettings | None = None) -> DecodeSettings:
-    """Rebuild settings from a stored dict (unknown keys ignored, bad ones fall back to `base`)."""
-    base = base or DecodeSettings()
-    if isinstance(d, str):
-        try:
-            d = json.loads(d)
-        except ValueError:
-            return base
-    if not isinstance(d, dict):
-        return base
-    fields = {f.name for f in dataclasses.fields(DecodeSettings)}
-    sampling_fields = {f.name for f in dataclasses.fields(Sampling)}
-    kw = {k: v for k, v in d.items() if k in fields and k != "sampling"}
-    if "stop" in kw:
-        kw["stop"] = tuple(kw["stop"] or ())
-    try:
-        sampling = base.sampling
-        if isinstance(d.get("sampling"), dict):
-            sampling = dataclasses.replace(base.sampling, **{k: v for k, v in d["sampling"].items()
-                                                             if k in sampling_fields})
-        out = base.replace(sampling=sampling, **kw)
-        out.validate()
-        return out
-    except (TypeError, ValueError, InvalidSettingError):
-        return base
 
 
 class _Slider(QWidget):
@@ -242,6 +210,7 @@ class SettingsPanel(QScrollArea):
         self.mode.currentIndexChanged.connect(lambda _i: self._changed())
         self.auto.toggled.connect(lambda _on: self._changed())
         self.max_new.valueChanged.connect(lambda _v: self._changed())
+        self._wheel_guard = guard_wheel(inner)  # scrolling the panel never moves a control under the pointer
         self.set_settings(self._settings)
 
     # --- public API ----------------------------------------------------------------------

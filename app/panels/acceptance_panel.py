@@ -9,6 +9,7 @@ from app.panels.common import Card, LabelledBar, fmt_rate, fmt_seconds
 from app.theme import Colors, colors
 from engine.events import Metrics
 
+MIN_X_TOKENS = 32  # the empty plot's token axis: 0..32, never fractions or negative numbers
 LEVELS = (("l0_l1", "L0 → L1  draft accepted", "l0"), ("l1_l2", "L1 → L2  retrieval accepted", "l1"))
 
 
@@ -26,7 +27,9 @@ class AcceptancePanel(Card):
         self.plot.setMenuEnabled(False)
         self.plot.setMouseEnabled(x=False, y=False)
         self.plot.hideButtons()
-        self.plot.setYRange(0, 1.0, padding=0.02)
+        self.plot.setYRange(0, 1.0, padding=0.12)  # room for the 0 and 100% labels at the ends
+        self.plot.setXRange(0, MIN_X_TOKENS, padding=0)  # whole tokens, even before the first point
+        self.plot.getViewBox().disableAutoRange()
         self.plot.getPlotItem().setContentsMargins(0, 4, 4, 0)
         self.plot.showGrid(x=False, y=True, alpha=0.15)
         self.plot.setLabel("bottom", "answer tokens")
@@ -89,6 +92,16 @@ class AcceptancePanel(Card):
         self._last = {name: (0, 0) for name, _l, _v in LEVELS}
         for curve in self.curves.values():
             curve.setData([], [])
+        self.plot.setXRange(0, MIN_X_TOKENS, padding=0)
+
+    def reset(self) -> None:
+        """No numbers at all: a new chat, another chat, or a new model."""
+        self.start_answer()
+        for bar in self.bars.values():
+            bar.set(0.0, "–")
+        for label in self.stats.values():
+            label.setText("–")
+        self.summary.setText("")
 
     def update_metrics(self, m: Metrics) -> None:
         for name, _label, _lv in LEVELS:
@@ -105,6 +118,7 @@ class AcceptancePanel(Card):
                 xs.append(float(m.new_tokens))
                 ys.append((stats.accepted - prev_a) / (stats.proposed - prev_p))
                 self.curves[name].setData(xs, ys)
+                self.plot.setXRange(0, max(MIN_X_TOKENS, xs[-1]), padding=0.02)
             self._last[name] = (stats.proposed, stats.accepted)
         s = self.stats
         s["decode"].setText("–" if m.decode_tokens_per_s is None else f"{m.decode_tokens_per_s:.1f}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QWidget
 
 from app.panels.common import Card, LabelledBar, fmt_bytes, fmt_tokens
-from engine.events import CacheStats, Metrics
+from engine.events import CacheStats, Metrics, PrefillProgress
 from engine.settings import DecodeSettings
 
 
@@ -34,6 +34,14 @@ class CachePanel(Card):
         self.full.set(0.0, f"0 / {fmt_tokens(self._context) if self._context else '–'}", "no prompt yet")
         self.retrieval.set(0.0, f"budget {s.budget:,}", f"chunks of {s.chunk} · {s.budget // s.chunk} per KV head")
         self.draft.set(0.0, f"{s.draft_sinks} + {s.draft_window}", "sinks + recent tokens")
+
+    def update_prefill(self, ev: PrefillProgress) -> None:
+        """While a prompt (a document) is read, the full cache fills: reused + computed tokens so far."""
+        held = ev.reused + ev.done
+        context = self._context or None
+        fraction = min(1.0, held / context) if context else None
+        self.full.set(fraction, f"{held:,} / {fmt_tokens(self._context) if context else '–'}",
+                      f"reading the prompt: {ev.done:,} of {ev.total:,} new tokens")
 
     def update_metrics(self, metrics: Metrics) -> None:
         by_name = {c.name: c for c in metrics.caches}

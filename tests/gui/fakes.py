@@ -58,12 +58,14 @@ class FakeSession:
         return max(1, len(text) // 4)
 
     def check_fits(self, messages, documents, system=None) -> None:
-        total = sum(self.count_tokens(d.text) for d in documents) + sum(len(m.content) // 4 for m in messages)
-        need = total + self.settings.max_new_tokens
-        if need > self.target.max_context:
+        """Like ChatSession.check_fits, with the engine's message (the app parses its numbers)."""
+        prompt = sum(self.count_tokens(d.text) for d in documents) + sum(len(m.content) // 4 for m in messages)
+        answer = self.settings.max_new_tokens
+        if prompt + answer > self.target.max_context:
             raise ContextOverflowError(
-                f"document + conversation + answer need {need:,} tokens but {self.target.folder.name} holds "
-                f"{self.target.max_context:,}: use a model with a longer context or a shorter document")
+                f"the conversation needs {prompt:,} prompt tokens + {answer:,} for the answer = "
+                f"{prompt + answer:,}, but this model's context holds {self.target.max_context:,}: remove a "
+                f"document, start a new chat, lower the answer length, or pick a model with a longer context")
 
     def _prefill(self, messages, documents) -> Iterator[PrefillProgress]:
         total = sum(self.count_tokens(d.text) for d in documents) + 20 * len(messages)

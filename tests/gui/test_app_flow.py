@@ -2,6 +2,7 @@
 panels -> persisted; stop mid-answer; settings reach the session; bad and oversized files."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -178,10 +179,22 @@ def test_document_too_long_for_the_context_says_so_with_numbers(qtbot, make_wind
     with qtbot.waitSignal(window.errorShown, timeout=60_000) as shown:
         window.attach_file(str(big))
     message = shown.args[0]
-    assert "8,192" in message and "Nothing was added" in message
+    # one sentence that starts with a capital, names the file and gives the numbers
+    assert message.startswith("“hamlet.md” was not added") and "8,192" in message
+    needed = int(re.search(r"= ([\d,]+)", message).group(1).replace(",", ""))  # prompt + answer
     box = window._overflow_box
-    assert box.isVisible() and "Choose another model" in " ".join(b.text() for b in box.buttons())
-    box.close()
+    labels = [b.text() for b in box.buttons()]
+    assert box.isVisible() and "hamlet.md" in box.windowTitle() and box.text() == message
+    assert ". The conversation needs" in message  # the engine's sentence, starting with a capital
+    assert labels.count("Choose another model…") == 1 and "New chat" in labels
+    assert "Shorter answer…" not in labels  # the prompt alone is over 8,192: a shorter answer cannot help
+    assert "model" not in box.informativeText().lower()  # the ways out are the buttons, listed once
+    # "Choose another model…" plans for the context needed, rounded up to a power of two
+    next(b for b in box.buttons() if b.text() == "Choose another model…").click()
+    qtbot.waitUntil(lambda: getattr(window, "_picker", None) is not None and window._picker.isVisible())
+    wanted = 1 << (needed - 1).bit_length()
+    assert needed <= wanted < 2 * needed and window._picker.context.value() == wanted
+    window._picker.reject()
     assert window.chips.chips == [] and window.repo.list_chats() == []
 
 

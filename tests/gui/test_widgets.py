@@ -216,7 +216,11 @@ def test_unexpected_engine_error_is_shown_logged_and_app_keeps_working(qtbot, fa
     assert any("Traceback" in r.getMessage() or r.exc_info for r in caplog.records) or "kaboom" in caplog.text
     assert window.composer.send.isVisible()
     stored = window.repo.messages(window.chat_id)
-    assert [m.role for m in stored] == ["user"]  # the question is kept; no empty answer
+    # the question is kept with an answer row marked interrupted, offered again with Retry
+    assert [(m.role, m.state) for m in stored] == [("user", "done"), ("assistant", "interrupted")]
+    assert stored[1].text == "" and "error" in stored[1].stats.get("footer", "")
+    last = window.chat_view._widgets[-2]  # the error bubble follows the answer
+    assert last.message.role == "assistant" and last.retry_button.isVisibleTo(window)
     session.stream = original
     with qtbot.waitSignal(window.answerFinished, timeout=10_000) as ok:
         window.send("And now?")

@@ -1,0 +1,31 @@
+"""Sliders, spin boxes and combo boxes take the mouse wheel only when focused.
+
+Otherwise scrolling a panel changes whichever control passes under the pointer (gamma1 went
+from 4 to 1 that way). An unfocused control passes the wheel on to the panel, which scrolls.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent, QObject, Qt
+from PySide6.QtWidgets import QAbstractSlider, QAbstractSpinBox, QComboBox, QWidget
+
+GUARDED = (QAbstractSlider, QAbstractSpinBox, QComboBox)
+
+
+class WheelGuard(QObject):
+    """Event filter: an unfocused control ignores the wheel, so it propagates to its parents."""
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt override
+        if event.type() == QEvent.Type.Wheel and isinstance(watched, QWidget) and not watched.hasFocus():
+            event.ignore()  # not accepted: Qt offers it to the parent (the scroll area) next
+            return True  # and the control itself never sees it
+        return False
+
+
+def guard_wheel(root: QWidget) -> WheelGuard:
+    """Guard every slider, spin box and combo box under `root` (they take focus by click or Tab)."""
+    guard = WheelGuard(root)
+    for kind in GUARDED:
+        for control in root.findChildren(kind):
+            control.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # the wheel alone never focuses it
+            control.installEventFilter(guard)
+    return guard
