@@ -109,3 +109,74 @@ def test_tensor_parallel_every_mode_matches_ar_on_cuda_float32():
     for mode, offload in (("triforce", False), ("triforce", True), ("retrieval-only", True)):
         got = _generate(target, NgramDrafter(), mode, prompt, 96, offload)
         assert got == reference, f"{mode} (offload={offload}) differs from AR on tensor parallel"
+
+
+# --- CUDA graphs (engine/model/cuda_graphs.py) -----------------------------------------------------
+def test_graph_replay_equals_eager_logits_for_l0_l1_l2():
+    """Each fixed-shape step captured once per token count and replayed: the same logits as the
+    runner's eager forward (float tolerance: masked full-capacity attention sums in another order)."""
+    from engine.kv.streaming import StreamingCache
+    from engine.model.cuda_graphs import GraphedForward
+
+    runner = random_runner(0, vocab=256, hidden=128, layers=4, heads=4, kv_heads=2, device="cuda")
+    a = runner.arch
+    ids = torch.tensor(_prompt(3000, 256), device="cuda")
+
+    def pos(start, stop):
+        return torch.arange(start, stop, device="cuda")
+    # L2: full cache on the card
+    eager_full, graph_full = (FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, "cuda") for _ in range(2))
+    for c in (eager_full, graph_full):
+        c.capture_query = True
+        runner.forward(ids[:2000], pos(0, 2000), c, last_only=True)
+    graphed = GraphedForward(runner, graph_full, use_graphs=True)
+    for start, stop in [(2000, 2007), (2003, 2010), (2010, 2011), (2011, 2012), (2012, 2019)]:
+        for c in (eager_full, graph_full):
+            c.rollback(min(c.length, start))
+        want = runner.forward(ids[start:stop], pos(start, stop), eager_full)
+        got = graphed.forward(ids[start:stop], pos(start, stop))
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert graphed.replays == 5 and len(graphed._graphs) == 2  # 7-token and 1-token shapes, captured once each
+    # L1: retrieval cache after a rebuild
+    r_eager = eager_full.retrieval(a.n_heads, 256, 16, 64)
+    r_graph = graph_full.retrieval(a.n_heads, 256, 16, 64)
+    for c, r in ((eager_full, r_eager), (graph_full, r_graph)):
+        c.rollback(2000)
+        c.capture_query = True
+        runner.forward(ids[2000:2001], pos(2000, 2001), c)
+        r.rebuild(list(c.last_query))
+    g1 = GraphedForward(runner, r_graph, use_graphs=True)
+    held = r_eager.length
+    for n in (5, 5, 1):
+        r_eager.rollback(held)
+        r_graph.rollback(held)
+        want = runner.forward(ids[2001:2001 + n], pos(2001, 2001 + n), r_eager)
+        torch.testing.assert_close(g1.forward(ids[2001:2001 + n], pos(2001, 2001 + n)), want, rtol=1e-4, atol=1e-4)
+    # L0: a StreamingLLM cache, evicting as it goes
+    draft = random_runner(3, vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, device="cuda")
+    d = draft.arch
+    s_eager, s_graph = (StreamingCache(d.n_layers, d.n_kv_heads, d.head_dim, 4, 60, 8, draft.dtype, "cuda")
+                        for _ in range(2))
+    g0 = GraphedForward(draft, s_graph, use_graphs=True)
+    at = 0
+    for n in [30] + [1] * 50:
+        for c in (s_eager, s_graph):
+            c.make_room(n)
+        want = draft.forward(ids[at:at + n], pos(at, at + n), s_eager, last_only=True)
+        torch.testing.assert_close(g0.forward(ids[at:at + n], pos(at, at + n), last_only=True), want,
+                                   rtol=1e-4, atol=1e-4)
+        at += n
+    assert s_eager.evicted > 0 and g0.replays == 51
+
+
+def test_every_mode_matches_ar_with_graphs_on_cuda_float32():
+    from engine.model.cuda_graphs import GraphedRunner
+
+    target = GraphedRunner(random_runner(0, vocab=256, hidden=128, layers=4, heads=4, kv_heads=2, device="cuda"))
+    draft = GraphedRunner(random_runner(3, vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, device="cuda"))
+    prompt = _prompt(1500, 256)
+    reference = _generate(target, NgramDrafter(), "ar", prompt, 96, offload=False)
+    for mode, drafter in (("triforce", ModelDrafter(draft, 4, 124)), ("retrieval-only", NgramDrafter()),
+                          ("draft-only", ModelDrafter(draft, 4, 124))):
+        got = _generate(target, drafter, mode, prompt, 96, offload=False)
+        assert got == reference, f"{mode} with graphs differs from AR with graphs"
