@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.store import model_folders
 from engine.store import models as model_store
 from engine.errors import ModelFormatError, ModelNotFoundError
 from engine.store.models import ModelFolder, list_local_models, resolve_model
@@ -24,8 +25,10 @@ def forbid(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
     def boom(*_a, **_k):
         raise AssertionError("must not be called on a cached load")
 
-    for name in names:
-        monkeypatch.setattr(model_store, name, boom)
+    for name in names:  # wherever the function lives (the shared folder helpers have their own module)
+        for module in (model_store, model_folders):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, boom)
 
 
 # ---------------------------------------------------------------- bundled model
