@@ -1,6 +1,8 @@
-"""Typed, frozen events streamed by `ChatSession.stream()`.
+"""Typed, frozen events streamed by `ChatSession.stream()`, and the value types they carry.
 
-The app and the CLI consume only these; nothing else crosses from the engine to the GUI.
+A front end sees the engine through engine.api (opening models and sessions, the chat store,
+documents) and these events (what a running job reports); the import contracts in pyproject.toml
+keep app/ to exactly that.
 """
 from __future__ import annotations
 
