@@ -224,11 +224,26 @@ def test_gpu_check_code_paths_on_cpu_tiny(tmp_path):
         assert row["offload_serial_bytes"] > 0 and row["l2_verify_offload_ms"] > 0 and row["l1_ms"] > 0
         assert row["triforce_offloaded"]["ms_per_token"] > 0
         assert row["chunk_tokens"] == 32 and row["chunk_offload_serial_ms"] > 0 and row["chunk_onchip_ms"] > 0
-    assert set(result["paper_setting"]) == {"4090", "4090x2", "4090x2 layer-split"}
-    assert result["paper_setting"]["4090x2"]["mode"] == "tensor-parallel"
-    assert result["paper_setting"]["4090x2 layer-split"]["mode"] == "layer-split"
+    for row in result["contexts"]:  # the fast paths: hybrid offload and the graphs' static forward
+        assert "hybrid_error" not in row and "graph_error" not in row
+        assert row["hybrid_cpu_heads"] == 1 and row["hybrid_logits_close"] is True
+        assert row["hybrid_cpu_bytes"] > 0 and row["hybrid_streamed_bytes"] > 0 and row["l2_verify_hybrid_ms"] > 0
+        assert row["l2_decode_hybrid_ms"] > 0 and row["l2_decode_offload_ms"] > 0
+        for step in ("l1", "l2_decode", "l2_verify"):
+            assert row[f"{step}_graph_ms"] > 0 and row[f"{step}_graph_max_diff"] < 1e-4
+        assert row["triforce_graphs"]["ms_per_token"] > 0 and row["triforce_hybrid"]["ms_per_token"] > 0
+    assert result["draft_step_graph_ms"] > 0
+    assert {(r["dtype"], r["new_tokens"]) for r in result["cpu_attention"]["rows"]} == {
+        ("bfloat16", 1), ("bfloat16", 7), ("float32", 1), ("float32", 7)}
+    for table_name, gbps in (("paper_setting", result["cpu_attention"]["gbps"]), ("paper_setting_60", 60.0)):
+        paper = result[table_name]
+        assert set(paper) == {"4090", "4090x2", "4090x2 layer-split"}
+        assert paper["4090x2"]["mode"] == "tensor-parallel" and paper["4090x2 layer-split"]["mode"] == "layer-split"
+        assert all(m["cpu_attn_gbps"] == gbps and m["tuned_ms_per_token"] > 0 for m in paper.values())
     table = format_table(result)
     assert "L2 verify, all KV offloaded, prefetch" in table and "overlap hidden" in table and "paper 108" in table
+    assert "L2 verify, all KV offloaded, hybrid" in table and "L2 verify, static path, eager (no CUDA)" in table
+    assert "CPU attention at the stated 60 GB/s" in table and "CPU attention on this host" in table
     assert "prefill chunk, all KV offloaded, prefetch" in table
     tp = result["tensor_parallel"]  # the CPU standing in for both cards
     assert tp["cards"] == ["cpu", "cpu"] and tp["tp_l2_decode_ms"] > 0 and tp["hop_us"] > 0

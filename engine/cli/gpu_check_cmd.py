@@ -10,8 +10,9 @@ from engine.errors import InvalidSettingError
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("gpu-check", help="measure GPU bandwidth, level step times and KV offload overlap",
                               description="Random Llama-3.1-8B-shaped bf16 weights on the GPU (no download): pinned "
-                                          "bandwidth, L1/L2 forwards at 32K and 128K, offloaded vs on-chip verification, "
-                                          "draft step, composed TriForce ms/token, the paper's setting modelled.")
+                                          "bandwidth, CPU attention on the host, L1/L2 forwards at 32K and 128K eager and "
+                                          "CUDA-graphed, offloaded verification stream-only vs hybrid vs on-chip, draft "
+                                          "step, composed TriForce vs AR ms/token, the paper's setting modelled.")
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (tiny shapes: exercises the code)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions and shorter contexts (16K, 32K)")
     p.add_argument("--contexts", default=None, help="comma-separated context lengths, e.g. 32768,131072")

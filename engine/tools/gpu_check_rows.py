@@ -6,12 +6,17 @@ from typing import Callable
 
 import torch
 
+from engine.tools.gpu_check_fastpaths import measure_draft_graph, measure_graphs, measure_hybrid
 from engine.tools.gpu_check_setup import (BUDGET, CHUNK, DRAFT, GAMMA1, GAMMA2, TARGET, RandomState, Timer,
                                           _fill, build_runner, preset_config)
 
 
 # --- the measurements ------------------------------------------------------------------------
-def measure_context(target, timer: Timer, context: int, pinned_gbs: float, log: Callable[[str], None]) -> dict:
+def measure_context(target, timer: Timer, context: int, pinned_gbs: float, log: Callable[[str], None],
+                    cpu_gbps: float = 0.0) -> dict:
+    """One context length's rows: L1, L2 on-chip (eager and graphed), the rebuild, and every layer
+    offloaded: stream-only (prefetch, serial), hybrid (heads split with the CPU at `cpu_gbps`,
+    measured on this host) and one prefill chunk."""
     from engine.kv.full import FullCache
     from engine.kv.offload import OffloadedCache
     from engine.kv.retrieval import RetrievalCache
@@ -57,6 +62,8 @@ def measure_context(target, timer: Timer, context: int, pinned_gbs: float, log: 
         target.forward(tokens(GAMMA1 + 1), pos(GAMMA1 + 1), retrieval)
         retrieval.rollback(r_held)
     out["l1_ms"] = timer.ms(l1)
+    log(f"  {context} tokens: CUDA graphs against eager (L1, L2 decode and verify)")
+    out.update(measure_graphs(target, timer, full, held, retrieval, r_held, tokens, pos))
     del retrieval, queries
 
     log(f"  {context} tokens: every layer's KV in {'pinned ' if timer.cuda else ''}CPU memory, double-buffered")
@@ -82,6 +89,7 @@ def measure_context(target, timer: Timer, context: int, pinned_gbs: float, log: 
             got = target.forward(verify_ids, verify_pos, off)
             off.rollback(held)
             out["offload_logits_identical"] = bool(torch.equal(got, reference))
+    out.update(measure_hybrid(target, timer, off, held, verify_ids, verify_pos, reference, cpu_gbps, pinned_gbs, log))
     out.update(measure_long_compute(target, timer, full, off, held, pinned_gbs, tokens, log))
     del off, run
     out["l2_verify_offload_ms"] = results["prefetch"]
@@ -206,6 +214,7 @@ def measure_draft(timer: Timer, device: torch.device, dtype: torch.dtype, tiny: 
         draft.forward(ids, torch.tensor([0], device=device), cache, last_only=True)
         cache.rollback(256)
     out = {"draft_step_ms": timer.ms(step), "draft_weight_bytes": draft.nbytes()}
+    out.update(measure_draft_graph(draft, timer, cache, 256, ids))
     del draft, cache
     gc.collect()
     return out
