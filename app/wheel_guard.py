@@ -1,12 +1,13 @@
 """Sliders, spin boxes and combo boxes take the mouse wheel only when focused.
 
 Otherwise scrolling a panel changes whichever control passes under the pointer (gamma1 went
-from 4 to 1 that way). An unfocused control passes the wheel on to the panel, which scrolls.
+from 4 to 1 that way). An unfocused control hands the wheel to the scroll area around it, which scrolls.
 """
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, Qt
-from PySide6.QtWidgets import QAbstractSlider, QAbstractSpinBox, QComboBox, QWidget
+from PySide6.QtWidgets import (QAbstractScrollArea, QAbstractSlider, QAbstractSpinBox, QApplication, QComboBox,
+                               QWidget)
 
 GUARDED = (QAbstractSlider, QAbstractSpinBox, QComboBox)
 
@@ -16,9 +17,20 @@ class WheelGuard(QObject):
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt override
         if event.type() == QEvent.Type.Wheel and isinstance(watched, QWidget) and not watched.hasFocus():
-            event.ignore()  # not accepted: Qt offers it to the parent (the scroll area) next
+            area = _scroll_area(watched)
+            if area is not None:  # scroll the panel instead (told directly: Qt does not pass on synthetic wheels)
+                QApplication.sendEvent(area.verticalScrollBar(), event)
+                return True
+            event.ignore()  # not accepted: Qt offers it to the parent next
             return True  # and the control itself never sees it
         return False
+
+
+def _scroll_area(widget: QWidget) -> QAbstractScrollArea | None:
+    parent = widget.parentWidget()
+    while parent is not None and not isinstance(parent, QAbstractScrollArea):
+        parent = parent.parentWidget()
+    return parent
 
 
 def guard_wheel(root: QWidget) -> WheelGuard:
