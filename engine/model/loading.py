@@ -114,12 +114,12 @@ def load_folder(folder_info, device: str = "auto", max_positions: int | None = N
 def _use_file_blocks(runner, path: Path, required: bool) -> None:
     """Swap in the source GGUF's own blocks when the runner is one CPU runner and the folder was
     converted from a GGUF that is still in place; GPUs and safetensors models keep float32."""
-    from engine.model.quant import use_file_blocks
+    from engine.model.quant import CACHE_FILE, use_file_blocks
     from engine.store.models import gguf_source
 
     on_cpu = isinstance(runner, LlamaRunner) and all(d.type == "cpu" for d in runner.layer_devices)
     gguf = gguf_source(path) if on_cpu else None
-    swapped = use_file_blocks(runner, gguf) if gguf is not None else 0
+    swapped = use_file_blocks(runner, gguf, cache=path / CACHE_FILE) if gguf is not None else 0
     if required and not swapped:
         why = "it does not run on the CPU alone" if not on_cpu else \
             "no source GGUF with Q4_0/Q4_1/Q8_0 tensors is in place"

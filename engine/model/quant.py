@@ -20,12 +20,16 @@ same kind of trade: it rounds activations to 8 bits before its Q4 dot products.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +44,10 @@ class QuantWeight:
     """One linear weight [out, in] kept as the file's own GGUF blocks, with a packed int4 copy
     for torch's CPU kernel. matmul is the fast path; dequantize is the exact float32 oracle."""
 
-    def __init__(self, kind: str, blocks: np.ndarray, in_features: int) -> None:
-        """blocks: uint8 [out, in / 32 * BLOCK_BYTES[kind]], rows in the model's (HF) order."""
+    def __init__(self, kind: str, blocks: np.ndarray, in_features: int,
+                 packed: torch.Tensor | None = None, scales_zeros: torch.Tensor | None = None) -> None:
+        """blocks: uint8 [out, in / 32 * BLOCK_BYTES[kind]], rows in the model's (HF) order;
+        packed/scales_zeros: the kernel's copy when read back from the cache (else built here)."""
         if kind not in BLOCK_BYTES:
             raise ValueError(f"QuantWeight: {kind} blocks are not supported ({', '.join(SUPPORTED)} are)")
         if in_features % BLOCK or blocks.shape[1] != in_features // BLOCK * BLOCK_BYTES[kind]:
@@ -50,7 +56,9 @@ class QuantWeight:
         self.out_features, self.in_features = int(blocks.shape[0]), in_features
         self.blocks = blocks  # [out, nb * block bytes] uint8, possibly a read-only memory map
         self.doubled = kind == "Q8_0"  # the kernel sees the input twice: [x, x]
-        self.packed, self.scales_zeros = _pack(kind, blocks, in_features)
+        if packed is None or scales_zeros is None:
+            packed, scales_zeros = _pack(kind, blocks, in_features)
+        self.packed, self.scales_zeros = packed, scales_zeros  # [out_pad, in' / 2] u8, [in' / 32, out_pad, 2] bf16
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -195,31 +203,98 @@ def _fused(parts: list[FileBlocks | None]) -> QuantWeight | None:
     return QuantWeight(parts[0].kind, blocks, parts[0].in_features)
 
 
-def use_file_blocks(runner, path: Path) -> int:
-    """Swap the runner's float32 projections for the GGUF's own blocks where the file has them
-    in a supported kind; returns how many projections now run quantized (0: nothing changed)."""
-    found, skipped = read_gguf_blocks(Path(path), runner.arch)
+def file_weights(gguf: Path, arch) -> dict[str, QuantWeight]:
+    """The runner's projections from a GGUF: {"layers.3.wqkv": ..., "embed": ..., "lm_head": ...}
+    (fused q|k|v and gate|up), only those the file holds in a supported kind."""
+    found, skipped = read_gguf_blocks(Path(gguf), arch)
     fused = {"wqkv": ("q", "k", "v"), "wo": ("o",), "w_gate_up": ("gate", "up"), "w_down": ("down",)}
-    swapped = 0
-    for i, layer in enumerate(runner.layers):
+    weights: dict[str, QuantWeight] = {}
+    for i in range(arch.n_layers):
         for attr, roles in fused.items():
             weight = _fused([found.get(f"layers.{i}.{r}") for r in roles])
             if weight is not None:
-                setattr(layer, attr, weight)
-                swapped += 1
-        if isinstance(layer.w_gate_up, QuantWeight):
-            layer.gate_up_packed = None  # the float32 prepacked copy is no longer used
+                weights[f"layers.{i}.{attr}"] = weight
     embed = _fused([found.get("embed")])
-    if embed is not None:
-        runner.embed = embed
-        swapped += 1
     head = embed if found.get("lm_head") is found.get("embed") else _fused([found.get("lm_head")])
-    if head is not None:
-        runner.lm_head, runner._lm_head_packed = head, None
-        swapped += 1
+    weights.update({k: w for k, w in (("embed", embed), ("lm_head", head)) if w is not None})
     if skipped:
         log.warning("%s: %d tensors are in kinds we cannot run as stored (%s...): they run in float32",
-                    Path(path).name, len(skipped), ", ".join(skipped[:3]))
-    if swapped:
+                    Path(gguf).name, len(skipped), ", ".join(skipped[:3]))
+    return weights
+
+
+# ---------------------------------------------------------------- the packed copy, cached
+
+CACHE_FILE = "gguf-blocks.triforce"  # safetensors inside, but not named *.safetensors: not model weights
+
+
+def _cache_stamp(gguf: Path) -> str:
+    """What the cached copy was built from: the file (by size and mtime) and torch (the packer's
+    tile layout is torch's own and may change between versions)."""
+    stat = Path(gguf).stat()
+    return json.dumps({"format": 1, "gguf": Path(gguf).name, "size": stat.st_size, "mtime": stat.st_mtime_ns,
+                       "torch": torch.__version__})
+
+
+def cached_file_weights(gguf: Path, arch, cache: Path | None) -> dict[str, QuantWeight]:
+    """file_weights, read from `cache` when it was built from this file by this torch (a load then
+    takes a fraction of a second instead of seconds), else built and written there (best effort)."""
+    stamp = _cache_stamp(gguf)
+    if cache is not None and cache.is_file():
+        try:
+            with safe_open(str(cache), framework="pt") as handle:
+                meta = handle.metadata() or {}
+                if meta.get("stamp") == stamp:
+                    shapes = json.loads(meta["weights"])
+                    built = {name: QuantWeight(kind, handle.get_tensor(f"{name}.blocks").numpy(), in_features,
+                                               handle.get_tensor(f"{name}.packed"),
+                                               handle.get_tensor(f"{name}.scales_zeros"))
+                             for name, (kind, in_features) in shapes.items() if name != "lm_head" or kind}
+                    if "lm_head" in shapes and not shapes["lm_head"][0]:  # tied: one table
+                        built["lm_head"] = built["embed"]
+                    return built
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:  # damaged: build it again
+            log.warning("%s is unreadable (%s): rebuilding it", cache, exc)
+    weights = file_weights(gguf, arch)
+    if cache is not None:
+        _write_cache(cache, weights, stamp)
+    return weights
+
+
+def _write_cache(cache: Path, weights: dict[str, QuantWeight], stamp: str) -> None:
+    """Write-then-rename; a read-only folder only means the next load packs again."""
+    tensors, shapes = {}, {}
+    for name, w in weights.items():
+        if name == "lm_head" and w is weights.get("embed"):
+            shapes[name] = ["", 0]
+            continue
+        shapes[name] = [w.kind, w.in_features]
+        tensors.update({f"{name}.blocks": torch.from_numpy(np.require(w.blocks, requirements=("C", "W"))),
+                        f"{name}.packed": w.packed, f"{name}.scales_zeros": w.scales_zeros})
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(tmp), metadata={"stamp": stamp, "weights": json.dumps(shapes)})
+        os.replace(tmp, cache)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        log.info("GGUF blocks not cached in %s (%s)", cache.parent, exc)
+
+
+def use_file_blocks(runner, gguf: Path, cache: Path | None = None) -> int:
+    """Swap the runner's float32 projections for the GGUF's own blocks where the file has them
+    in a supported kind; returns how many projections now run quantized (0: nothing changed)."""
+    weights = cached_file_weights(Path(gguf), runner.arch, cache)
+    for name, weight in weights.items():
+        if name.startswith("layers."):
+            _, index, attr = name.split(".")
+            layer = runner.layers[int(index)]
+            setattr(layer, attr, weight)
+            if attr == "w_gate_up":
+                layer.gate_up_packed = None  # the float32 prepacked copy is no longer used
+        elif name == "embed":
+            runner.embed = weight
+        else:
+            runner.lm_head, runner._lm_head_packed = weight, None
+    if weights:
         runner.weights_tag = "gguf-int4-bf16"  # a different target: its K/V differ from float32's
-    return swapped
+    return len(weights)
