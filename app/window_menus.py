@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import platform
-import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -60,8 +59,9 @@ def _action(window: Any, text: str, keys: QKeySequence | None, slot: Any) -> QAc
 
 def versions() -> dict[str, str]:
     """The app, Python, torch and Qt versions (read without importing torch: it takes seconds)."""
-    return {"TriForce Chat": app_version(), "Python": platform.python_version(),
-            "torch": _dist_version("torch"), "Qt": f"{qVersion()} (PySide6 {pyside_version})"}
+    return {"Version": app_version(), "Python": platform.python_version(),
+            "torch": _dist_version("torch"), "Qt": f"{qVersion()} (PySide6 {pyside_version})",
+            "System": platform.platform(terse=True)}
 
 
 def app_version() -> str:
@@ -95,7 +95,7 @@ def about_text() -> str:
     rows = [f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in {**versions(), **paths()}.items()]
     return ("<p>Chat with whole books on your own GPU, or the CPU. TriForce speculative decoding: "
             "every answer is exactly what plain decoding would give, faster.</p>"
-            f"<table cellspacing='4'>{''.join(rows)}</table><p>{sys.platform}</p>")
+            f"<table cellspacing='4'>{''.join(rows)}</table>")
 
 
 def show_about(parent: Any) -> QMessageBox:

@@ -34,7 +34,7 @@ def test_the_controller_needs_no_qt_widgets():
     assert out.stdout.strip() == "[]", out.stdout
 
 
-def test_menu_bar_quit_and_about(qtbot, fake_window, monkeypatch, triforce_home):
+def test_menu_bar_quit_and_about(qtbot, fake_window, monkeypatch, triforce_home, shots):
     window = fake_window(tokens=2)
     menus = {a.text().replace("&", ""): [x.text() for x in a.menu().actions() if x.text()]
              for a in window.menuBar().actions()}
@@ -48,7 +48,10 @@ def test_menu_bar_quit_and_about(qtbot, fake_window, monkeypatch, triforce_home)
         assert needle in about, needle
     window.show_about()
     assert window._about.isVisible() and "torch" in window._about.text()
+    shots(window._about, "about")
     window._about.close()
+    window.activateWindow()  # a window shortcut needs its window active
+    qtbot.waitUntil(window.isActiveWindow)
     qtbot.keyClick(window, Qt.Key.Key_Q, Qt.KeyboardModifier.ControlModifier)
     qtbot.waitUntil(lambda: not window.isVisible())
     assert not window.engine.thread.isRunning()  # closed the proper way: engine stopped, store closed
@@ -103,7 +106,7 @@ def test_stop_before_the_first_token_keeps_a_stopped_answer(qtbot, fake_window):
     assert [m.role for m in window.repo.messages(window.chat_id)] == ["user", "assistant"] * 2
 
 
-def test_a_question_cut_off_by_a_crash_offers_retry(qtbot, fake_window):
+def test_a_question_cut_off_by_a_crash_offers_retry(qtbot, fake_window, shots):
     window = fake_window(tokens=3)
     repo = window.repo
     old = repo.create_chat("Before the crash")
@@ -118,6 +121,7 @@ def test_a_question_cut_off_by_a_crash_offers_retry(qtbot, fake_window):
     assert answer.message.text == "Ophelia is" and "interrupted" in answer.message.footer
     qtbot.waitUntil(lambda: answer.retry_button.isVisibleTo(window))  # new bubbles show on the next event loop turn
     assert not answer.regen_button.isVisibleTo(window)
+    shots(window, "interrupted-retry")
 
     window.open_chat(old)
     answer = window.chat_view._widgets[-1]
@@ -164,7 +168,7 @@ def test_export_is_named_after_the_chat_and_marks_a_stopped_answer(qtbot, fake_w
     assert text.index("## Assistant") < text.index("partial answer")
 
 
-def test_overflow_offers_a_shorter_answer_only_when_it_helps(qtbot, fake_window, tmp_path):
+def test_overflow_offers_a_shorter_answer_only_when_it_helps(qtbot, fake_window, tmp_path, shots):
     window = fake_window(max_context=8192)
     window.settings_panel.max_new.setValue(4000)
     window.settings_panel.flush()
@@ -176,6 +180,8 @@ def test_overflow_offers_a_shorter_answer_only_when_it_helps(qtbot, fake_window,
     box = window._overflow_box
     labels = [b.text() for b in box.buttons()]
     assert labels.count("Shorter answer…") == 1 and labels.count("Choose another model…") == 1
+    qtbot.waitUntil(box.isVisible)
+    shots(box, "overflow-dialog")
     next(b for b in box.buttons() if b.text() == "Shorter answer…").click()
     assert window.right.currentWidget() is window.settings_panel
 
