@@ -101,8 +101,8 @@ def one_run(argv: list[str], env: dict, tag: str, rng: random.Random, answer_s: 
     return Run(tag, killed, proc.returncode, out.text(), err.text())
 
 
-def calibrate(argv: list[str], env: dict) -> tuple[float, float]:
-    """(seconds to the first prefill line, seconds from there to the end) of one undisturbed run."""
+def calibrate(argv: list[str], env: dict) -> tuple[float, float, Run]:
+    """(seconds to the first prefill line, seconds from there to the end, the run) of one undisturbed run."""
     start = time.monotonic()
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     err = _Reader(proc.stderr, marker="prefill")
@@ -114,7 +114,8 @@ def calibrate(argv: list[str], env: dict) -> tuple[float, float]:
     out.join(10), err.join(10)
     if proc.returncode != 0:
         raise RuntimeError(f"the calibration chat failed (exit {proc.returncode}):\n{err.text()[-3000:]}")
-    return loaded - start, max(0.5, time.monotonic() - loaded)
+    run = Run("calibrate", False, proc.returncode, out.text(), err.text())
+    return loaded - start, max(0.5, time.monotonic() - loaded), run
 
 
 def run_kills(kills: int, model: Path, doc: Path, home: Path, seed: int = 0, max_new_tokens: int = 48,
@@ -122,9 +123,9 @@ def run_kills(kills: int, model: Path, doc: Path, home: Path, seed: int = 0, max
     """`kills` SIGKILLed chats (runs that finish first do not count as kills), then the checks."""
     rng = random.Random(seed)
     env = {**os.environ, "TRIFORCE_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    startup_s, answer_s = calibrate(chat_argv(model, doc, "calibrate", None, max_new_tokens), env)
+    startup_s, answer_s, whole = calibrate(chat_argv(model, doc, "calibrate", None, max_new_tokens), env)
     report(f"  one chat: {startup_s:.1f} s to the first prefill line, {answer_s:.1f} s prefill + answer")
-    counts, runs, shared_chat, i = KillCounts(), [], 1, 0
+    counts, runs, shared_chat, i = KillCounts(), [whole], 1, 0  # the undisturbed run is checked too
     while counts.kills < kills:
         i += 1
         tag = f"run{i}"
