@@ -24,7 +24,7 @@ def floors_for(lay: Layout, s: Sizes, spec: DeviceSpec, target: ModelShape, sett
         return nbytes / (gbs * GB) * 1e3
 
     devs = list(lay.l2_read)
-    hbm = {d: ms(lay.l2_read[d], bw(d)) for d in devs}
+    hbm = {d: ms(lay.l2_read[d], bw(d)) for d in devs}  # counts the CPU heads' KV too: a slight overestimate
     pcie = {d: ms(lay.l2_pcie[d], spec.gpus[int(d.split(":")[1])].pcie_gbs) if lay.l2_pcie[d] else 0.0 for d in devs}
     l0 = ms(s.draft_read, bw(lay.draft_device)) if lay.draft_device else 0.0  # n-gram lookup: ~0
     tp = lay.mode == "tensor-parallel"
@@ -104,8 +104,8 @@ def _per_layer(lay: Layout, per_card: dict[str, int]) -> list[int]:
     for d, k in per_card.items():
         mine = [i for i, (w, kv) in enumerate(zip(lay.layer_devices, lay.kv_devices))
                 if kv == "cpu" and (w == d or d in w.split("+"))]
-        for j, i in enumerate(mine):
-            out[i] = max(out[i], k // len(mine) + (1 if j < k % len(mine) else 0)) if mine else 0
+        for j, i in enumerate(mine):  # every card of a tensor-parallel layer holds the same count
+            out[i] = max(out[i], k // len(mine) + (1 if j < k % len(mine) else 0))
     return out
 
 
