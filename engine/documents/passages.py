@@ -263,13 +263,16 @@ def token_counter(tokenizer) -> TokenCounter:
 
 def fit_documents(documents: Sequence[DocumentText], fits: Sequence[str], question: str,
                   measure: Callable[[Sequence[DocumentText]], int], limit: int, count_tokens: TokenCounter,
-                  passage_tokens: int = PASSAGE_TOKENS) -> FitResult:
+                  passage_tokens: int = PASSAGE_TOKENS, history_reserve: int = 0) -> FitResult:
     """Replace each "passages" document with its passages most relevant to `question`.
 
     measure(documents) is the whole prompt's token count with these documents (system prompt,
     history and question included); `limit` is the most it may be (context minus the reserve for
     the answer). Passages of all such documents compete in one BM25 ranking; the result never
-    measures over `limit`. Raises ContextOverflowError when even no passage at all does not fit.
+    measures over `limit`. history_reserve: tokens the passages leave free for the conversation to
+    grow into (the caller subtracts what the history already uses), so the next question's
+    selection is not cut short by the last answer, and the KV of an unchanged selection is reused.
+    Raises ContextOverflowError when even no passage at all does not fit.
     """
     if len(fits) != len(documents) or any(f not in FITS for f in fits):
         raise ValueError(f"one fit per document, each one of {FITS}: got {list(fits)}")
@@ -293,7 +296,8 @@ def fit_documents(documents: Sequence[DocumentText], fits: Sequence[str], questi
     pool = [(i, p) for i in which for p in split[i]]
     scores = rank_passages([p for _, p in pool], question)
     overhead = 2 + max(count_tokens([f"[{p.label}]" for _, p in pool[:50]]) or [0])
-    picked = select_passages([p for _, p in pool], scores, limit - base, overhead)
+    budget = max(0, limit - base - max(0, history_reserve))
+    picked = select_passages([p for _, p in pool], scores, budget, overhead)
     owner = {id(p): i for i, p in pool}
     while True:
         chosen = {i: [p for p in picked if owner[id(p)] == i] for i in which}
