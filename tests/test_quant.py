@@ -203,23 +203,22 @@ def test_bundled_model_runs_its_q4_1_file_and_tracks_the_float32_oracle(bundled_
     assert quantized.runner.embed.kind == "Q8_0" and quantized.runner.lm_head is quantized.runner.embed
     assert torch.equal(quantized.runner.layers[3].w_down.dequantize(), oracle.runner.layers[3].w_down)
     assert quantized.runner.nbytes() < 110e6 < 500e6 < oracle.runner.nbytes()
-    ids = quantized.tokenizer("The quick brown fox jumps over the lazy dog. Once upon a time, in a land far",
-                              return_tensors="pt")["input_ids"][0]
-    tokens = {}
+    prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    ids = quantized.tokenizer(prompt)["input_ids"]
+    tokens, last_logits = {}, {}
     for name, model in (("quantized", quantized), ("oracle", oracle)):
-        runner, seq = model.runner, ids.tolist()
-        cache = runner.new_full_cache(len(seq) + 16)
-        logits = runner.forward(torch.tensor(seq), torch.arange(len(seq)), cache, last_only=True)
-        if name == "quantized":
-            first = logits
-        else:
-            rms = logits.pow(2).mean().sqrt()
-            assert (first - logits).abs().max() <= 0.05 * rms  # measured: about 0.02 x RMS
-        out = []
-        for _ in range(12):  # greedy
+        runner = model.runner
+        cache = runner.new_full_cache(len(ids) + 24)
+        logits = runner.forward(torch.tensor(ids), torch.arange(len(ids)), cache, last_only=True)  # [1, V]
+        last_logits[name], out = logits[0], []
+        for _ in range(16):  # greedy
             out.append(int(logits[-1].argmax()))
-            logits = runner.forward(torch.tensor(out[-1:]), torch.tensor([len(seq) + len(out) - 1]), cache)
+            logits = runner.forward(torch.tensor(out[-1:]), torch.tensor([len(ids) + len(out) - 1]), cache)
         tokens[name] = out
-    # Measured: the first 12 greedy tokens agree on this prompt; the bound asserted is 8, since two
-    # different targets may part at a near-tie
-    assert tokens["quantized"][:8] == tokens["oracle"][:8], tokens
+    # Measured on 4 prompts (docs/notes/cpu-speed.md): the largest logit error at the last prompt
+    # position is 3-6 % of the oracle's logit RMS (up to 14 % at some earlier position), and greedy
+    # tokens agree for 32 of 32 tokens on this prompt and another, 12 and 7 on the other two: two
+    # different targets part at the first near-tie. Asserted: 10 % and 16 tokens on this prompt.
+    rms = last_logits["oracle"].pow(2).mean().sqrt()
+    assert (last_logits["quantized"] - last_logits["oracle"]).abs().max() <= 0.10 * rms
+    assert tokens["quantized"] == tokens["oracle"], tokens
