@@ -21,6 +21,8 @@ def fake_nvml(monkeypatch):
     def install(module: types.ModuleType) -> None:
         monkeypatch.setitem(sys.modules, "pynvml", module)
         telemetry._nvml.cache_clear()
+        # a detected GPU makes `auto` measure CPU attention (seconds on a busy 2-core box): stand in
+        monkeypatch.setattr("engine.offload.devices.measured_cpu_attn_gbps", lambda: 42.0)
 
     yield install
     telemetry._nvml.cache_clear()
@@ -90,6 +92,7 @@ def test_auto_profile_uses_detected_gpus(fake_nvml) -> None:
                              "total": 24564 << 20, "used": 2 << 30}]))
     spec = device_spec("auto")
     assert len(spec.gpus) == 1 and spec.gpus[0].free_bytes == (24564 << 20) - (2 << 30)
+    assert spec.cpu_attn_gbps == 42.0 and "CPU attention measured at 42.0 GB/s" in spec.note  # sizes the hybrid split
 
 
 def test_auto_profile_plans_only_the_cards_torch_sees_in_its_order(fake_nvml, monkeypatch) -> None:

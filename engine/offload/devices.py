@@ -1,6 +1,7 @@
 """What the planner may use: GPU and host specs, the named profiles, and detection (`auto`)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from engine.errors import InvalidSettingError
@@ -77,4 +78,22 @@ def device_spec(name: str, ram_bytes: int | None = None) -> DeviceSpec:
         gpus = tuple(GpuSpec(g.name, g.total_bytes, g.free_bytes, g.bandwidth_gbs or 500.0, g.pcie_gbs or 12.0)
                      for g in cards)
         note = f"detected: {len(gpus)} GPU(s)" if gpus else f"detected: {sample.gpu_note}; planning for the CPU"
-    return DeviceSpec("auto" if gpus else "cpu", total, available, gpus=gpus, note=note)
+    if not gpus:
+        return DeviceSpec("cpu", total, available, note=note)
+    # the hybrid split must follow what this CPU really attends at, not a desktop's figure: a
+    # slow CPU given heads would make L2 slower than streaming them
+    attn = measured_cpu_attn_gbps()
+    note += f"; CPU attention measured at {attn:.1f} GB/s"
+    return DeviceSpec("auto", total, available, gpus=gpus, note=note, cpu_attn_gbps=attn)
+
+
+@functools.lru_cache(maxsize=1)
+def measured_cpu_attn_gbps() -> float:
+    """GB/s at which this machine's CPU attends offloaded KV (engine/kv/cpu_attention.py):
+    Llama-3.1-8B's per-layer shape, 32K positions of bf16 K/V (128 MiB, past most L3 caches),
+    7 new tokens, the slower of 2 after a warm-up; measured once per process (tens of ms on a desktop)."""
+    import torch
+
+    from engine.kv.cpu_attention import measure_gbps
+
+    return float(measure_gbps(8, 32, 128, 32768, 7, torch.bfloat16, reps=2)["gbps"])
