@@ -169,3 +169,20 @@ def test_same_question_twice_reuses_the_prefix(tiny_model_dir, bundled_tokenizer
     third, prefilled3, _ = turn(other)
     assert third.selections[0].passages != first.selections[0].passages
     assert prefilled3 < third.prompt_tokens
+
+
+def test_the_fit_is_kept_with_the_chat_and_exported(tmp_path):
+    from engine.store.chats import ChatStore
+
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    chat = store.create_chat("a book")
+    book = store.add_document(chat.id, DocumentText("Hamlet", "To be or not to be", meta={"format": "markdown"}))
+    other = store.add_document(chat.id, DocumentText("Note", "a short note"))
+    assert [d.fit for d in store.chat_documents(chat.id)] == ["whole", "whole"]
+    store.set_document_fit(chat.id, book.sha256, "passages")
+    assert [d.fit for d in store.chat_documents(chat.id, with_text=False)] == ["passages", "whole"]
+    assert [d["fit"] for d in store.export_json(chat.id)["documents"]] == ["passages", "whole"]
+    assert "Hamlet (markdown, 18 bytes, answered from its most relevant passages)" in store.export_markdown(chat.id)
+    with pytest.raises(ValueError):
+        store.set_document_fit(chat.id, other.sha256, "half")
+    store.close()

@@ -73,6 +73,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         "ALTER TABLE messages ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
         "CREATE INDEX messages_streaming ON messages(state) WHERE state = 'streaming'",
     )),
+    Migration(3, "per document in a chat: whole, or answered from its most relevant passages", (
+        "ALTER TABLE chat_documents ADD COLUMN fit TEXT NOT NULL DEFAULT 'whole' "
+        "CHECK (fit IN ('whole', 'passages'))",
+    )),
 )
 
 
@@ -125,6 +129,7 @@ class StoredDocument:
     position: int
     token_counts: dict = field(default_factory=dict, compare=False, hash=False)  # model id -> tokens
     text: str = ""  # "" when fetched with with_text=False
+    fit: str = "whole"  # "whole" or "passages" (the most relevant passages per question)
 
 
 def advice(path: Path, detail: str) -> str:

@@ -316,11 +316,21 @@ class ChatStore:
     def chat_documents(self, chat_id: int, with_text: bool = True) -> tuple[StoredDocument, ...]:
         """The chat's documents in the order they were added."""
         text = "d.text" if with_text else "''"
+        fit = "cd.fit" if self.schema_version >= 3 else "'whole'"
         rows = self._read(
-            f"SELECT d.sha256, d.title, d.source, d.bytes, d.format, cd.position, cd.token_counts, {text} "
+            f"SELECT d.sha256, d.title, d.source, d.bytes, d.format, cd.position, cd.token_counts, {text}, {fit} "
             "FROM chat_documents cd JOIN documents d ON d.sha256 = cd.doc_sha256 "
             "WHERE cd.chat_id = ? ORDER BY cd.position", (chat_id,))
-        return tuple(StoredDocument(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7]) for r in rows)
+        return tuple(StoredDocument(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7], r[8]) for r in rows)
+
+    def set_document_fit(self, chat_id: int, sha256: str, fit: str) -> None:
+        """Keep how a chat's document goes into the prompt: "whole" or "passages"."""
+        if fit not in ("whole", "passages"):
+            raise ValueError(f"fit must be 'whole' or 'passages', not {fit!r}")
+        with self.transaction() as conn:
+            if not conn.execute("UPDATE chat_documents SET fit = ? WHERE chat_id = ? AND doc_sha256 = ?",
+                                (fit, chat_id, sha256)).rowcount:
+                raise StoreError(f"Chat {chat_id} has no document {sha256[:12]} (removed meanwhile?).")
 
     def set_token_count(self, chat_id: int, sha256: str, model_id: str, tokens: int) -> None:
         """Remember a document's token count under one model's tokenizer."""
@@ -359,7 +369,7 @@ class ChatStore:
                           "stats": m.stats, "level_spans": [list(s) for s in m.level_spans], "state": m.state}
                          for m in chat.messages],
             "documents": [{"sha256": d.sha256, "title": d.title, "source": d.source, "bytes": d.bytes,
-                           "format": d.format, "position": d.position, "token_counts": d.token_counts,
+                           "format": d.format, "position": d.position, "token_counts": d.token_counts, "fit": d.fit,
                            **({"text": d.text} if include_document_text else {})} for d in docs],
         }
 
@@ -371,7 +381,8 @@ class ChatStore:
             lines.append(f"- Model: {chat.model_spec}")
         lines.append(f"- Created: {iso(chat.created)}")
         for doc in self.chat_documents(chat_id, with_text=False):
-            lines.append(f"- Document: {doc.title} ({doc.format}, {doc.bytes:,} bytes)")
+            fit = ", answered from its most relevant passages" if doc.fit == "passages" else ""
+            lines.append(f"- Document: {doc.title} ({doc.format}, {doc.bytes:,} bytes{fit})")
         for message in chat.messages:
             lines += ["", f"## {message.role.capitalize()}", "", message.text.rstrip()]
             if message.state != "done":
