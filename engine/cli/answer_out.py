@@ -38,8 +38,8 @@ class AnswerPrinter:
 
     def prefill(self, event: PrefillProgress) -> None:
         if self.progress:
+            self._progress_open = True  # first: a signal right after the print must still end the line
             print(f"\rprefill {event.done}/{event.total} (+{event.reused} reused)", end="", file=sys.stderr, flush=True)
-            self._progress_open = True
 
     def end_lines(self) -> None:
         """End the answer's line on stdout and the progress line on stderr."""
