@@ -125,7 +125,10 @@ class GraphedForward:
         group = arch.n_heads // arch.n_kv_heads
         slots = length + torch.arange(n, device=self.device)  # [T] where the new tokens go
         visible = self._slots_all[None, :] <= slots[:, None]  # [T, C]
-        rows_visible = visible.repeat(group, 1)  # [G*T, C]: row g*T + t is new token t
+        # [G*T, C] additive mask (row g*T + t is new token t), made once per forward in the compute
+        # dtype: a bool mask would be converted again by every layer's attention call
+        bias = torch.zeros(visible.shape, dtype=cache.dtype, device=self.device)
+        bias = bias.masked_fill(~visible, float("-inf")).repeat(group, 1)
         if self.kind == "post":
             cos, sin = runner.rope.cos_sin(positions, cache.dtype)  # [T, D]
         else:
@@ -152,7 +155,7 @@ class GraphedForward:
             # the group's query heads folded into rows: plain (non-GQA) attention with a [G*T, C] mask
             q_rows = q.reshape(arch.n_kv_heads, group * n, d)  # [Hkv, G*T, D]
             attn = F.scaled_dot_product_attention(q_rows[None], held[None], values[None],
-                                                  attn_mask=rows_visible)[0]  # [Hkv, G*T, D]
+                                                  attn_mask=bias)[0]  # [Hkv, G*T, D]
             attn = attn.reshape(arch.n_heads, n, d)  # [Hq, T, D]
             x = x + F.linear(attn.transpose(0, 1).reshape(n, q_size), layer.wo)
             h = rms_norm(x, layer.mlp_norm, arch.rms_eps)
