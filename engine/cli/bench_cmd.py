@@ -1,4 +1,4 @@
-"""`main.py bench`: every decoding method on the same prompt, one after another, as a table and JSON."""
+"""`main.py bench`: every decoding method on the same prompt, interleaved repeats, as a table and JSON."""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +8,9 @@ import time
 
 from engine.cli.chat_cmd import add_decode_arguments, build_settings
 from engine.errors import InvalidSettingError
+from engine.settings import MODES
 
-ALL_METHODS = ("triforce", "ar", "retrieval-only", "draft-only", "hf", "hf-lookup")
+ALL_METHODS = MODES + ("hf", "hf-lookup", "llama.cpp")
 
 
 def register(subparsers) -> None:
@@ -18,10 +19,13 @@ def register(subparsers) -> None:
     parser.add_argument("--context", default="8192",
                         help="context tokens; a comma-separated list gives the speedup curve, e.g. 1024,2048,4096,8192")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--methods", default="triforce,ar,retrieval-only,hf,hf-lookup")
-    parser.add_argument("--workload", default="continue", choices=("continue", "qa", "both", "reopen"),
+    parser.add_argument("--methods", default="auto,ar,triforce,draft-only,retrieval-only,hf,llama.cpp",
+                        help=f"comma-separated, any of {','.join(ALL_METHODS)} (llama.cpp: when llama-cpp-python's "
+                             "venv exists, see ../shared/tools/build-llama-cpp-python.sh)")
+    parser.add_argument("--workload", default="continue", choices=("continue", "qa", "both", "reopen", "passages"),
                         help="continue a passage (PG-19 setting), answer a question about it, both, or reopen: "
-                             "time to first token on a document with and without its prefill snapshot")
+                             "time to first token on a document with and without its prefill snapshot, or passages: "
+                             "time to first token on a whole play answered from its most relevant passages")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", metavar="OUT", default=None)
     add_decode_arguments(parser)
@@ -29,7 +33,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.tools.bench import format_report, run_bench
+    from engine.tools.bench import Peers, format_report, run_bench
+    from engine.tools.peers import gguf_for
     from engine.model.loading import load_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -50,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
         text = sample_text("hamlet")
     model = load_model(args.model, device=args.device)
     draft = args.draft if args.draft in ("ngram", "none") else load_model(args.draft, device=args.device)
+    if args.workload == "passages":
+        from engine.tools.bench_passages import run_passages_workload
+
+        return run_passages_workload(args, model, draft, build_settings(
+            argparse.Namespace(**{**vars(args), "max_new_tokens": args.new_tokens}), model.max_context))
     if args.workload == "reopen":
         from engine.tools.bench import run_reopen_bench
 
@@ -66,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     workloads = ["continue", "qa"] if args.workload == "both" else [args.workload]
     reports = []
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    peers = Peers(model, gguf_for(args.model) if "llama.cpp" in methods else None, log=log)
     for workload in workloads:
         for context in contexts:
             if context + args.new_tokens + 64 > model.max_context:
@@ -73,10 +85,11 @@ def run(args: argparse.Namespace) -> int:
                                           f"{model.max_context}-token context: use a shorter context")
             settings = build_settings(argparse.Namespace(**{**vars(args), "max_new_tokens": args.new_tokens}), context)
             report = run_bench(model, text, context, args.new_tokens, methods, settings, draft, workload,
-                               args.repeats, log=lambda m: print(m, file=sys.stderr, flush=True))
+                               args.repeats, log=log, peers=peers)
             report["date"] = time.strftime("%Y-%m-%d")
             print(format_report(report), flush=True)
             reports.append(report)
+    peers.close_llama()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(reports[0] if len(reports) == 1 else reports, fh, indent=2)

@@ -166,15 +166,22 @@ class HierarchicalDecoder:
                 "structure_switches": self.stats.switches}
 
     # --- what the levels report: this answer's counters and the policy's measurements ---------
+    # the policy learns only from cycles it chose (mode auto, or settings.auto), so a fixed mode run
+    # before it (the bench's other methods) teaches it nothing
+    def _policy_learns(self) -> bool:
+        return self.settings.auto or self.settings.mode == Mode.AUTO
+
     def timed(self, level: str, tokens: int, seconds: float) -> None:
         """A forward at `level` ("l0": a whole proposal) that checked `tokens` tokens took `seconds`."""
         self.stats.times.record(level, tokens, seconds)
-        self.policy.costs.record(level, tokens, seconds)
+        if self._policy_learns():
+            self.policy.costs.record(level, tokens, seconds)
 
     def checked(self, boundary: str, proposed: int, accepted: int) -> None:
         """A verification at `boundary` ("l0_l1", "l1_l2", "l0_l2") accepted `accepted` of `proposed`."""
         getattr(self.stats, boundary).add(proposed, accepted)
-        self.policy.observe(boundary, proposed, accepted)
+        if self._policy_learns():
+            self.policy.observe(boundary, proposed, accepted)
 
     def _verify_l2(self, seq: list[int], draft: Draft) -> list[tuple[int, Level]]:
         """The target with its full cache checks the draft; returns accepted drafts + one L2 token."""

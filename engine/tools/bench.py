@@ -1,11 +1,16 @@
-"""Benchmarks: every decoding method on the same prompt, in one process, one after another.
+"""Benchmarks: every decoding method on the same prompt, in one process, interleaved.
 
 Workloads (DESIGN.md / the paper): `continue` continues a passage of the sample text from N tokens
 of context (the PG-19 setting); `qa` asks a question about the same passage through the chat
-template. Time per token excludes prefill and the first token, for every method alike.
+template. Time per token excludes prefill and the first token, for every method alike. Each repeat
+runs every method once, in the same order (A B C, A B C, ...), so a busy spell on a shared machine
+hits every method alike; the table gives each method's median with its min and max, and the load
+average before and after. The prompt is prefilled once per method family (our session, transformers'
+cache, llama.cpp's context) and reused by every run.
 """
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import time
@@ -16,23 +21,30 @@ import torch
 from engine.events import ChatMessage, DocumentText, Finished, TokenText
 from engine.model.loading import LoadedModel
 from engine.decoding.session import ChatSession
-from engine.settings import DecodeSettings
+from engine.settings import MODES, DecodeSettings
 
-OUR_METHODS = ("triforce", "ar", "retrieval-only", "draft-only")
+OUR_METHODS = MODES  # auto, ar, draft-only, retrieval-only, triforce
 HF_METHODS = ("hf", "hf-lookup")
+PEER_METHODS = HF_METHODS + ("llama.cpp",)
 QA_QUESTION = "Who is the father of Hamlet, and what happened to him? Answer in two sentences."
 
 
 @dataclass
 class MethodResult:
     method: str
-    ms_per_token: float
+    ms_per_token: float  # the median over repeats
     tokens_per_s: float
     speedup_vs_ar: float | None
     acceptance: dict
     identical_to_ar: bool | None
     new_tokens: int
     runs_ms_per_token: list = field(default_factory=list)
+    median_ms_per_token: float = 0.0
+    min_ms_per_token: float = 0.0
+    max_ms_per_token: float = 0.0
+    match_length: int | None = None  # leading tokens equal to ar's
+    structure: str = ""  # auto: the structure(s) it ran, one per repeat
+    candidates: list = field(default_factory=list)  # auto: [structure, predicted ms/token] of the last run
 
 
 def build_prompt(model: LoadedModel, text: str, context: int, workload: str) -> list[int]:
@@ -48,7 +60,8 @@ def build_prompt(model: LoadedModel, text: str, context: int, workload: str) -> 
     return render_tokens(tok, [ChatMessage("user", QA_QUESTION)], [DocumentText("Hamlet", passage)])
 
 
-def _run_ours(session: ChatSession, prompt: list[int], settings: DecodeSettings) -> tuple[list[int], float, dict]:
+def _run_ours(session: ChatSession, prompt: list[int], settings: DecodeSettings):
+    """One answer with `settings`; returns (tokens, ms/token, acceptance, metrics)."""
     session.update_settings(settings)
     tokens: list[int] = []
     final = None
@@ -60,7 +73,17 @@ def _run_ours(session: ChatSession, prompt: list[int], settings: DecodeSettings)
     m = final.metrics
     ms = 1000.0 / m.decode_tokens_per_s if m.decode_tokens_per_s else float("nan")
     acceptance = {lv.name: lv.rate for lv in m.levels}
-    return tokens, ms, acceptance
+    return tokens, ms, acceptance, m
+
+
+def match_length(tokens: list[int], reference: list[int]) -> int:
+    """How many leading tokens agree."""
+    n = 0
+    for a, b in zip(tokens, reference):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def _same_tokens(tokens: list[int], reference: list[int]) -> bool:
@@ -69,62 +92,98 @@ def _same_tokens(tokens: list[int], reference: list[int]) -> bool:
     return n > 0 and tokens[:n] == reference[:n]
 
 
-def _hf_model(model: LoadedModel):
-    from transformers import AutoModelForCausalLM
+class Peers:
+    """Peers built lazily and kept across cells: transformers' model, llama.cpp per prompt size."""
 
-    path = getattr(model.folder, "path", model.folder)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=model.runner.dtype).to(model.device).eval()
+    def __init__(self, model: LoadedModel, gguf=None, log=print) -> None:
+        self.model, self.gguf, self.log = model, gguf, log
+        self._hf = None
+        self._llama = None
+        self.skipped: dict[str, str] = {}
 
+    def hf(self):
+        from engine.tools.peers import HFPeer
 
-def _hf_generate(hf, prompt: list[int], new_tokens: int, lookup: bool) -> tuple[list[int], float]:
-    ids = torch.tensor([prompt], device=hf.device)
-    extra = {"prompt_lookup_num_tokens": 10} if lookup else {}
-    started = time.perf_counter()
-    with torch.no_grad():
-        out = hf.generate(ids, max_new_tokens=new_tokens, do_sample=False,
-                          eos_token_id=None, pad_token_id=0, **extra)
-    return out[0, len(prompt):].tolist(), time.perf_counter() - started
+        if self._hf is None:
+            self._hf = HFPeer(self.model)
+        return self._hf
 
+    def llama(self, n_ctx: int):
+        """The llama.cpp peer for prompts up to n_ctx tokens, or None (the reason in `skipped`)."""
+        from engine.tools.peers import LLAMA_PYTHON_ENV, LlamaCppPeer, llama_cpp_python
 
-def _run_hf(hf, prompt: list[int], new_tokens: int, lookup: bool) -> tuple[list[int], float]:
-    """transformers' generate, timed as (t(N tokens) - t(1 token)) / (N - 1): prefill and the first
-    token cancel out, exactly what our methods' ms/token leaves out too."""
-    _, one = _hf_generate(hf, prompt, 1, lookup)
-    generated, full = _hf_generate(hf, prompt, new_tokens, lookup)
-    return generated, (full - one) * 1000.0 / max(1, len(generated) - 1)
+        if "llama.cpp" in self.skipped:
+            return None
+        python = llama_cpp_python()
+        if python is None or self.gguf is None:
+            why = (f"llama-cpp-python not found (set {LLAMA_PYTHON_ENV} or run "
+                   f"../shared/tools/build-llama-cpp-python.sh)") if python is None else "the model is not a GGUF file"
+            self.skipped["llama.cpp"] = why
+            self.log(f"llama.cpp skipped: {why}")
+            return None
+        if self._llama is None or self._llama[0] != n_ctx:
+            self.close_llama()
+            try:
+                self._llama = (n_ctx, LlamaCppPeer(python, self.gguf, n_ctx, torch.get_num_threads()))
+            except Exception as exc:  # an optional peer: a broken install skips it, it does not end the bench
+                self.skipped["llama.cpp"] = f"llama.cpp failed to start: {exc}"
+                self.log(self.skipped["llama.cpp"])
+                return None
+        return self._llama[1]
+
+    def close_llama(self) -> None:
+        if self._llama is not None:
+            self._llama[1].close()
+            self._llama = None
 
 
 def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, methods: list[str],
               base: DecodeSettings, draft, workload: str = "continue", repeats: int = 2,
-              log=print) -> dict:
-    """Run each method `repeats` times on one prompt; returns the JSON-ready report."""
+              log=print, peers: Peers | None = None) -> dict:
+    """Run every method once per repeat, interleaved; returns the JSON-ready report."""
     prompt = build_prompt(model, text, context, workload)
+    peers = peers or Peers(model, log=log)
     settings = base.replace(max_new_tokens=new_tokens)
     settings = settings.replace(stop=(), ignore_eos=True)  # same token count as transformers' generate
     session = ChatSession(model, settings.replace(mode="ar"), draft=draft,
                           capacity=min(model.max_context, len(prompt) + new_tokens + 64))
+    load_before = os.getloadavg()
     log(f"prefill {len(prompt)} tokens")
     ordered = ["ar"] + [m for m in methods if m != "ar"]
-    reference: list[int] | None = None
-    results: dict[str, MethodResult] = {}
-    hf = None
-    for method in ordered:
-        runs, acceptance, tokens = [], {}, []
-        for _ in range(repeats):
+    runs: dict[str, list[float]] = {m: [] for m in ordered}
+    tokens: dict[str, list[int]] = {}
+    extra: dict[str, dict] = {m: {"acceptance": {}, "structures": [], "candidates": []} for m in ordered}
+    for repeat in range(repeats):
+        for method in ordered:
             if method in OUR_METHODS:
-                tokens, ms, acceptance = _run_ours(session, prompt, settings.replace(mode=method))
+                got, ms, acceptance, m = _run_ours(session, prompt, settings.replace(mode=method))
+                extra[method]["acceptance"] = acceptance
+                if method == "auto":
+                    extra[method]["structures"].append(m.structure + (f" ({m.structure_switches} switches)"
+                                                                      if m.structure_switches else ""))
+                    extra[method]["candidates"] = [[c.structure, round(c.ms_per_token, 1)] for c in m.candidates]
+            elif method in HF_METHODS:
+                got, ms = peers.hf().run(prompt, new_tokens, method == "hf-lookup")
             else:
-                if hf is None:
-                    hf = _hf_model(model)
-                tokens, ms = _run_hf(hf, prompt, new_tokens, method == "hf-lookup")
-            runs.append(ms)
-            log(f"  {method}: {ms:.1f} ms/token")
-        if method == "ar":
-            reference = tokens
-        ms = statistics.median(runs)
-        results[method] = MethodResult(method, ms, 1000.0 / ms, None, acceptance,
-                                       _same_tokens(tokens, reference) if reference else None,
-                                       len(tokens), runs)
+                peer = peers.llama(len(prompt) + new_tokens + 64)
+                if peer is None:
+                    continue
+                got, ms = peer.run(prompt, new_tokens)
+            runs[method].append(ms)
+            tokens[method] = got
+            log(f"  [{repeat + 1}/{repeats}] {method}: {ms:.1f} ms/token")
+    load_after = os.getloadavg()
+    reference = tokens["ar"]
+    results: dict[str, MethodResult] = {}
+    for method in ordered:
+        if not runs[method]:
+            continue
+        median = statistics.median(runs[method])
+        got = tokens[method]
+        results[method] = MethodResult(
+            method, median, 1000.0 / median, None, extra[method]["acceptance"],
+            _same_tokens(got, reference), len(got), runs[method], median, min(runs[method]), max(runs[method]),
+            match_length(got, reference), "; ".join(extra[method]["structures"]), extra[method]["candidates"])
     ar_ms = results["ar"].ms_per_token
     for r in results.values():
         r.speedup_vs_ar = ar_ms / r.ms_per_token
@@ -134,25 +193,42 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
         "workload": workload,
         "context_tokens": len(prompt),
         "new_tokens": new_tokens,
+        "repeats": repeats,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in load_after],
         "settings": {"budget": settings.budget, "chunk": settings.chunk, "gamma1": settings.gamma1,
                      "gamma2": settings.gamma2, "draft": getattr(session.drafter, "name", str(draft))},
+        "skipped": dict(peers.skipped),
         "results": [asdict(results[m]) for m in methods if m in results],
     }
 
 
 def format_report(report: dict) -> str:
+    """The report as a table: median ms/token with min-max, speedup, acceptance, exactness."""
     lines = [f"{report['model']} on {report['device']}: {report['workload']}, {report['context_tokens']} tokens of "
-             f"context, {report['new_tokens']} new tokens, {report['settings']}",
-             f"{'method':<15}{'ms/token':>10}{'tokens/s':>10}{'vs ar':>8}{'L0->L1':>8}{'L1->L2':>8}{'L0->L2':>8}"
-             f"{'same as ar':>12}"]
+             f"context, {report['new_tokens']} new tokens, {report.get('repeats', '?')} repeats interleaved, "
+             f"{report['settings']}, load average {report.get('load_average_before', ['?'])[0]} -> "
+             f"{report.get('load_average_after', ['?'])[0]}",
+             f"{'method':<15}{'ms/token':>10}{'(min-max)':>15}{'tokens/s':>10}{'vs ar':>8}{'L0->L1':>8}{'L1->L2':>8}"
+             f"{'L0->L2':>8}{'same as ar':>12}"]
     for r in report["results"]:
         acc = r["acceptance"]
 
         def pct(name):
             value = acc.get(name)
             return f"{value:.2f}" if value is not None else "-"
-        lines.append(f"{r['method']:<15}{r['ms_per_token']:>10.1f}{r['tokens_per_s']:>10.2f}{r['speedup_vs_ar']:>7.2f}x"
-                     f"{pct('l0_l1'):>8}{pct('l1_l2'):>8}{pct('l0_l2'):>8}{str(r['identical_to_ar']):>12}")
+        spread = f"({r.get('min_ms_per_token', r['ms_per_token']):.1f}-{r.get('max_ms_per_token', r['ms_per_token']):.1f})"
+        same = str(r["identical_to_ar"])
+        if not r["identical_to_ar"] and r.get("match_length") is not None:
+            same = f"first {r['match_length']}"
+        lines.append(f"{r['method']:<15}{r['ms_per_token']:>10.1f}{spread:>15}{r['tokens_per_s']:>10.2f}"
+                     f"{r['speedup_vs_ar']:>7.2f}x{pct('l0_l1'):>8}{pct('l1_l2'):>8}{pct('l0_l2'):>8}{same:>12}")
+    for r in report["results"]:
+        if r.get("structure"):
+            lines.append(f"  {r['method']} ran: {r['structure']}; weighed (ms/token): "
+                         + ", ".join(f"{name} {ms}" for name, ms in r.get("candidates", [])))
+    for method, why in report.get("skipped", {}).items():
+        lines.append(f"  {method} skipped: {why}")
     return "\n".join(lines)
 
 
