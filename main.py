@@ -140,7 +140,66 @@ def run_tests(extra: list[str]) -> int:
     return 0
 
 
+# System libraries Qt's xcb platform plugin (X11) loads, beyond what PySide6 bundles: soname ->
+# package on (Debian/Ubuntu, Fedora, Arch). A fresh Debian desktop lacks the first few.
+GUI_LIBRARIES = {
+    "libxcb-cursor.so.0": ("libxcb-cursor0", "xcb-util-cursor", "xcb-util-cursor"),
+    "libxcb-icccm.so.4": ("libxcb-icccm4", "xcb-util-wm", "xcb-util-wm"),
+    "libxcb-keysyms.so.1": ("libxcb-keysyms1", "xcb-util-keysyms", "xcb-util-keysyms"),
+    "libxcb-image.so.0": ("libxcb-image0", "xcb-util-image", "xcb-util-image"),
+    "libxcb-render-util.so.0": ("libxcb-render-util0", "xcb-util-renderutil", "xcb-util-renderutil"),
+    "libxcb-util.so.1": ("libxcb-util1", "xcb-util", "xcb-util"),
+    "libxkbcommon-x11.so.0": ("libxkbcommon-x11-0", "libxkbcommon-x11", "libxkbcommon-x11"),
+    "libxcb-xkb.so.1": ("libxcb-xkb1", "libxcb", "libxcb"),
+    "libxcb-randr.so.0": ("libxcb-randr0", "libxcb", "libxcb"),
+    "libxcb-shape.so.0": ("libxcb-shape0", "libxcb", "libxcb"),
+    "libxcb-sync.so.1": ("libxcb-sync1", "libxcb", "libxcb"),
+    "libxcb-xfixes.so.0": ("libxcb-xfixes0", "libxcb", "libxcb"),
+    "libxcb-render.so.0": ("libxcb-render0", "libxcb", "libxcb"),
+    "libxcb-shm.so.0": ("libxcb-shm0", "libxcb", "libxcb"),
+    "libxcb.so.1": ("libxcb1", "libxcb", "libxcb"),
+    "libX11-xcb.so.1": ("libx11-xcb1", "libX11-xcb", "libx11"),
+    "libX11.so.6": ("libx11-6", "libX11", "libx11"),
+    "libxkbcommon.so.0": ("libxkbcommon0", "libxkbcommon", "libxkbcommon"),
+    "libGL.so.1": ("libgl1", "libglvnd-glx", "libglvnd"),
+    "libEGL.so.1": ("libegl1", "libglvnd-egl", "libglvnd"),
+    "libfontconfig.so.1": ("libfontconfig1", "fontconfig", "fontconfig"),
+    "libdbus-1.so.3": ("libdbus-1-3", "dbus-libs", "dbus"),
+    "libglib-2.0.so.0": ("libglib2.0-0", "glib2", "glib2"),
+}
+INSTALLERS = (("Debian/Ubuntu", "sudo apt install"), ("Fedora", "sudo dnf install"), ("Arch", "sudo pacman -S"))
+
+
+def missing_gui_libraries(load=None) -> list[str]:
+    """The GUI_LIBRARIES sonames the dynamic loader cannot find (Linux with X11 only; none elsewhere,
+    nor when QT_QPA_PLATFORM picks another platform, e.g. offscreen or wayland)."""
+    platform = os.environ.get("QT_QPA_PLATFORM", "xcb")
+    if not sys.platform.startswith("linux") or not platform.startswith("xcb"):
+        return []
+    import ctypes
+
+    missing = []
+    for soname in GUI_LIBRARIES:
+        try:
+            (load or ctypes.CDLL)(soname)
+        except OSError:
+            missing.append(soname)
+    return missing
+
+
+def gui_libraries_advice(missing: list[str]) -> str:
+    """One line: which libraries are missing and the install command per distro."""
+    commands = "; ".join(f"{distro}: {tool} " + " ".join(dict.fromkeys(GUI_LIBRARIES[s][i] for s in missing))
+                         for i, (distro, tool) in enumerate(INSTALLERS))
+    return (f"error: the desktop app needs system libraries that are missing: {', '.join(missing)}. "
+            f"Install them ({commands}), or use the command line: python3 main.py --help")
+
+
 def run_gui() -> int:
+    missing = missing_gui_libraries()
+    if missing:  # Qt would print a raw "could not load the Qt platform plugin xcb" and abort
+        print(gui_libraries_advice(missing), file=sys.stderr)
+        return 2
     try:
         from app.main_window import run_app
     except ModuleNotFoundError as exc:

@@ -180,3 +180,35 @@ def test_chat_streams_and_reports_stats_with_placement(tiny_model_dir) -> None:
     stats = json.loads(r.stderr.strip().splitlines()[-1])
     assert stats["new_tokens"] == 6 and stats["mode"] == "triforce"
     assert stats["placement"] == {"weights": "cpu", "kv_layers_offloaded": 0, "plan": None}  # no GPU here
+
+
+def test_gui_says_which_system_libraries_are_missing(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    absent = {"libxcb-cursor.so.0", "libxcb-icccm.so.4", "libxcb-keysyms.so.1"}  # a fresh Debian desktop
+
+    def load(soname: str):
+        if soname in absent:
+            raise OSError(f"{soname}: cannot open shared object file")
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.delenv("QT_QPA_PLATFORM")
+    assert entry.missing_gui_libraries(load) == sorted(absent, key=list(entry.GUI_LIBRARIES).index)
+    monkeypatch.setattr(entry, "missing_gui_libraries", lambda: sorted(absent))
+    assert entry.run_gui() == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: the desktop app needs system libraries that are missing: ")
+    assert "Debian/Ubuntu: sudo apt install libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1;" in err
+    assert "Fedora: sudo dnf install xcb-util-cursor xcb-util-wm xcb-util-keysyms;" in err
+    assert "Arch: sudo pacman -S xcb-util-cursor xcb-util-wm xcb-util-keysyms)" in err
+
+
+def test_gui_library_check_skipped_offscreen_and_off_linux(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(soname: str):
+        raise OSError(soname)
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
+    assert entry.missing_gui_libraries(fail) == []
+    monkeypatch.setenv("QT_QPA_PLATFORM", "xcb")
+    assert len(entry.missing_gui_libraries(fail)) == len(entry.GUI_LIBRARIES)
+    monkeypatch.setattr(sys, "platform", "win32")
+    assert entry.missing_gui_libraries(fail) == []
