@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 1:
         raise InvalidSettingError(f"--max-new-tokens {args.max_new_tokens} is out of range: use 1 or more")
+    build_settings(args, 1 << 16)  # every flag checked in a blink, before torch or a tokenizer loads
     store = None if (args.no_save and args.chat is None) else ChatStore()
     chat_id, history, documents, new_docs = _load_conversation(args, store) if store else (None, [], [], [])
     if not store:
@@ -139,23 +140,11 @@ def run(args: argparse.Namespace) -> int:
         snapshots = SnapshotStore()
     session = ChatSession(target, settings, draft=draft, capacity=capacity, snapshots=snapshots, plan=plan)
 
-    final = None
-    for event in session.stream(messages, documents, args.system):
-        if isinstance(event, TokenText):
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-        elif isinstance(event, PrefillProgress) and args.progress:
-            print(f"\rprefill {event.done}/{event.total} (+{event.reused} reused)", end="", file=sys.stderr)
-        elif isinstance(event, Finished):
-            final = event
-    sys.stdout.write("\n")
-    if store is not None:
-        if chat_id is None:
-            chat_id = store.create_chat(args.ask[:60], model_spec=args.model).id
-        for doc in new_docs:
-            store.add_document(chat_id, doc)
-        store.add_message(chat_id, "user", args.ask)
-        store.add_message(chat_id, "assistant", final.text, stats=_stats(final, chat_id))
+    # the question and the growing answer are saved as one turn; Ctrl+C or SIGTERM keeps what printed
+    from engine.cli.answer_out import AnswerPrinter, stream_turn
+
+    final, chat_id = stream_turn(session.stream(messages, documents, args.system), AnswerPrinter(args.progress),
+                                 store, chat_id, args.ask, new_docs, args.model, stats_of=_stats)
     if args.stats:
         where = {"weights": target.where,
                  "kv_layers_offloaded": plan.kv_layers_offloaded if plan is not None else 0,
