@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from engine.documents import MAX_BYTES as MAX_DOCUMENT_BYTES
 from engine.documents import read_document
+from engine.decoding.passage_fit import FitResult, fit_prompt  # noqa: F401 - books that do not fit (issue 14)
 from engine.errors import Cancelled
 from engine.settings import DecodeSettings
 from engine.store.chats import ChatStore, ChatSummary, Message, StoredDocument
