@@ -1,9 +1,8 @@
 """What the main window does, without Qt: chats, questions and answers, documents, engine jobs.
 
-The window (app/main_window.py) is a thin view: it builds widgets, forwards user actions and the
-engine controller's signals here, and implements `WindowView`, the calls this module makes back.
-Every engine job is recorded with its `JobKind`; its outcome is handled once (`_on_outcome` for
-the engine's Finished, `on_failed` for a failure) and its end once (`on_job_done`).
+The window (app/main_window.py), a thin view, forwards user actions and engine signals here and
+implements `WindowView`. Each job is recorded with its `JobKind`; its outcome is handled once
+(`_on_outcome`, `on_failed`) and its end once (`on_job_done`).
 """
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from app.answer_recorder import AnswerRecorder, answer_footer
-from app.chat_naming import chat_title, export_file_name, named_document
+from app.chat_naming import chat_title, named_document
 from app.chat_documents import AttachedDocument, ChatDocuments, Ingest
 from app.chat_repo import ChatRepo, to_chat_messages
 from app.decode_prefs import settings_to_dict
@@ -153,6 +152,12 @@ class ChatController:
     def is_busy(self) -> bool:
         return self.jobs.busy()
 
+    def open_interrupted(self) -> None:
+        """At start: a crash or a kill cut off the latest chat's last turn: open it, with Retry."""
+        chats = self.repo.list_chats()
+        if chats and self.repo.interrupted_question(chats[0].id) is not None:
+            self.open_chat(chats[0].id)
+
     # ----------------------------------------------------------------------------- chats & settings
 
     def rename(self, chat_id: int, title: str) -> None:
@@ -164,10 +169,6 @@ class ChatController:
             self.new_chat()
         self.repo.delete_chat(chat_id)
         self.refresh_chats()
-
-    def export_name(self, chat_id: int, fmt: str) -> str:
-        """The file name an export suggests: the chat's title, made safe for a file system."""
-        return export_file_name(self.repo.title(chat_id), fmt)
 
     def export(self, chat_id: int, fmt: str, path: str) -> None:
         try:

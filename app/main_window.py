@@ -20,6 +20,7 @@ from PySide6.QtWidgets import QApplication, QFileDialog, QInputDialog, QMainWind
 from app import theme
 from app.chat_controller import ChatController, chat_title  # noqa: F401 - chat_title re-exported
 from app.chat_documents import ChatDocuments
+from app.chat_naming import export_file_name
 from app.chat_list import ChatEntry
 from app.chat_repo import ChatRepo
 from app.decode_prefs import apply_limits
@@ -77,6 +78,7 @@ class MainWindow(QMainWindow):
         self._restore_geometry()
         self._wire()
         self.controller.refresh_chats()
+        self.controller.open_interrupted()
         self.memory.start(enabled=sample_memory)
         if model_spec:
             self.load_model(model_spec, draft_spec)
@@ -206,7 +208,7 @@ class MainWindow(QMainWindow):
 
     def export_chat(self, chat_id: int, fmt: str) -> None:
         """Save the chat as a file named after its title; the dialog confirms before overwriting."""
-        default = str(Path.home() / self.controller.export_name(chat_id, fmt))
+        default = str(Path.home() / export_file_name(self.repo.title(chat_id), fmt))
         kind = "Markdown (*.md)" if fmt == "markdown" else "JSON (*.json)"
         path, _ = QFileDialog.getSaveFileName(self, "Export chat", default, kind)  # asks before overwriting
         if path:

@@ -10,7 +10,7 @@ from pathlib import Path
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
-                               QLineEdit, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton, QSpinBox,
+                               QLineEdit, QListView, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton, QSpinBox,
                                QSplitter, QVBoxLayout, QWidget)
 
 from app.wheel_guard import guard_wheel
@@ -38,7 +38,7 @@ def builtin_choices() -> list[ModelChoice]:
             continue
         draft = p.draft or "ngram"
         short = p.target.split("/")[-1]
-        label = f"{short}  +  {p.draft.split('/')[-1]}" if p.draft else short
+        label = f"{short}\n   + {p.draft.split('/')[-1]} (draft)" if p.draft else short  # two short lines, never cut
         out.append(ModelChoice(label, p.target, draft, p.target, f"{p.note} · downloads from Hugging Face"))
     return out
 
@@ -79,6 +79,7 @@ class ModelPicker(QDialog):
         self.list = QListWidget()
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setWordWrap(True)  # long preset names wrap instead of being cut off
+        self.list.setResizeMode(QListView.ResizeMode.Adjust)  # ... and re-wrap when the list is resized
         self.list.setTextElideMode(Qt.TextElideMode.ElideNone)
         self.list.setSpacing(1)
         ll.addWidget(self.list, 1)
@@ -204,7 +205,7 @@ class ModelPicker(QDialog):
         self.load_button.setEnabled(c is not None)
         if c is None:
             return
-        self.title.setText(c.label.strip())
+        self.title.setText(" ".join(c.label.split()))
         self.note.setText(c.note)
         shape = self._shape(c.shape_spec)
         if shape is not None or self._wanted_context:

@@ -191,12 +191,12 @@ def test_overflow_numbers_and_the_context_to_ask_for():
                       "model's context holds 8,192: remove a document, …", ["/books/hamlet.md"])
     assert (o.prompt_tokens, o.answer_tokens, o.context_tokens) == (35_955, 256, 8_192)
     assert o.context_to_ask_for == 65_536 and o.prompt_alone_overflows
-    assert [a.key for a in o.actions()] == ["model", "new-chat"]
+    assert [a.key for a in o.actions()] == ["model", "passages", "new-chat"]
     assert o.text().endswith("but this model's context holds 8,192.")  # the ways out are not repeated
     o = overflow_from("the prompt is 7,000 tokens and the answer may take 2,000 more (9,000), but this model's "
                       "context holds 8,192: …", ["a.pdf", "b.pdf"])
     assert o.context_to_ask_for == 16_384 and not o.prompt_alone_overflows
-    assert [a.key for a in o.actions()] == ["model", "answer-length", "new-chat"]
+    assert [a.key for a in o.actions()] == ["model", "passages", "answer-length", "new-chat"]
     assert o.title() == "“a.pdf” and “b.pdf” do not fit"
 
 
@@ -249,3 +249,25 @@ def test_model_picker_wraps_names_plans_with_this_ram_and_blocks_what_does_not_f
     dialog._select("bundled")
     dialog.profile.setCurrentIndex(dialog.profile.findData("cpu"))
     qtbot.waitUntil(lambda: dialog.load_button.isEnabled() and "Fits" in dialog.verdict.text(), timeout=10_000)
+
+
+def test_after_a_crash_the_app_opens_the_cut_off_chat_with_retry(qtbot, make_window, triforce_home):
+    """A process killed mid-answer (os._exit after a checkpoint): the next start shows that chat,
+    the partial answer marked interrupted, and Retry answers the question again."""
+    crash = ("import os\nfrom engine.api import ChatStore\n"
+             "store = ChatStore()\nchat = store.create_chat('Crashed chat').id\n"
+             "turn = store.begin_turn(chat, 'What does the ghost ask?')\n"
+             "turn.checkpoint('Revenge for his', force=True)\nos._exit(9)\n")
+    done = subprocess.run([sys.executable, "-c", crash], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 9, done.stderr
+    window = make_window("fake-model", backend=FakeBackend(tokens=3))
+    assert window.chat_id is not None and window.title_label.text() == "Crashed chat"
+    stored = window.repo.messages(window.chat_id)
+    assert [(m.role, m.state) for m in stored] == [("user", "done"), ("assistant", "interrupted")]
+    answer = window.chat_view._widgets[-1]
+    assert answer.message.text == "Revenge for his" and "interrupted" in answer.message.footer
+    qtbot.waitUntil(lambda: answer.retry_button.isVisibleTo(window))
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000):
+        answer.retry_button.click()
+    assert [(m.role, m.state) for m in window.repo.messages(window.chat_id)] == [("user", "done"),
+                                                                                ("assistant", "done")]
