@@ -36,8 +36,13 @@ def build_menus(window: Any) -> None:
     window.about_action = _action(window, "About TriForce Chat", None, window.show_about)
     window.about_action.setMenuRole(QAction.MenuRole.AboutRole)
     help_menu.addAction(window.about_action)
+    # greyed out while a menu is open when they would do nothing; enabled again on close, since the
+    # same actions carry the keyboard shortcuts (Esc must stop an answer that starts later)
     file_menu.aboutToShow.connect(lambda: window.export_action.setEnabled(window.chat_id is not None))
     chat_menu.aboutToShow.connect(lambda: _update_chat_menu(window))
+    for menu, actions in ((file_menu, (window.export_action,)), (chat_menu, (window.regenerate_action,
+                                                                             window.stop_action))):
+        menu.aboutToHide.connect(lambda actions=actions: [a.setEnabled(True) for a in actions])
 
 
 def _update_chat_menu(window: Any) -> None:

@@ -42,6 +42,11 @@ def test_menu_bar_quit_and_about(qtbot, fake_window, monkeypatch, triforce_home,
     assert menus["File"] == ["New chat", "Attach…", "Export chat…", "Quit"]
     assert menus["Chat"] == ["Regenerate answer", "Stop", "Settings"] and menus["Help"] == ["About TriForce Chat"]
     assert window.quit_action.shortcut() == QKeySequence("Ctrl+Q")
+    chat_menu = window.menuBar().actions()[1].menu()
+    chat_menu.aboutToShow.emit()  # idle, no answer: Stop and Regenerate are greyed out in the open menu
+    assert not window.stop_action.isEnabled() and not window.regenerate_action.isEnabled()
+    chat_menu.aboutToHide.emit()  # closed: their shortcuts (Esc, Ctrl+R) work again
+    assert window.stop_action.isEnabled() and window.regenerate_action.isEnabled()
     from app.window_menus import about_text
     about = about_text()
     for needle in ("Python", "torch", "Qt", "PySide6", str(triforce_home), "0.1.0"):
