@@ -29,6 +29,7 @@ from app.icons import app_icon
 from app.job_messages import ModelInfo, TokenBatch
 from app.overflow import Overflow
 from app.overflow_dialog import show_overflow_dialog
+from app.quit_signals import close_on_signals
 from app.settings_panel import DEFAULT_DOCUMENT_MIB, DEFAULT_SNAPSHOT_GIB, settings_from_dict
 from app.window_layout import build_window_layout
 from app.window_menus import build_menus, show_about
@@ -435,6 +436,7 @@ def run_app(argv: list[str] | None = None) -> int:
         QMessageBox.critical(None, "TriForce Chat", str(exc))
         return 2
     window.show()
+    close_on_signals(window)  # Ctrl+C / SIGTERM: the answer being written is kept, marked interrupted
     for path in argv[1:]:
         if Path(path).is_file():
             window.attach_file(path)

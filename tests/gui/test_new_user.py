@@ -276,3 +276,28 @@ def test_after_a_crash_the_app_opens_the_cut_off_chat_with_retry(qtbot, make_win
         answer.retry_button.click()
     assert [(m.role, m.state) for m in window.repo.messages(window.chat_id)] == [("user", "done"),
                                                                                 ("assistant", "done")]
+
+
+def test_sigterm_closes_the_window_and_keeps_the_partial_answer(qtbot, fake_window):
+    import os
+    import signal
+
+    from app.quit_signals import close_on_signals
+    window = fake_window(step_s=0.05, tokens=400)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        close_on_signals(window, poll_ms=20)
+        window.send("Talk for a long time.")
+        qtbot.waitUntil(lambda: len(window.chat_view.streaming_text()) > 10)
+        chat_id = window.chat_id
+        os.kill(os.getpid(), signal.SIGTERM)
+        qtbot.waitUntil(lambda: not window.engine.thread.isRunning())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    from app.chat_repo import ChatRepo
+    repo = ChatRepo()
+    stored = repo.messages(chat_id)
+    repo.close()
+    assert [(m.role, m.state) for m in stored] == [("user", "done"), ("assistant", "interrupted")]
+    assert stored[1].text.startswith("The prince") and stored[1].stats.get("partial") is True
