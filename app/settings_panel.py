@@ -20,10 +20,10 @@ from app.wheel_guard import guard_wheel
 from engine.api import MAX_DOCUMENT_BYTES as MAX_BYTES
 from engine.api import SNAPSHOT_CACHE_BYTES
 from engine.errors import InvalidSettingError
-from engine.settings import MODES, DecodeSettings
+from engine.settings import MODES, DecodeSettings, Mode
 
 CHUNKS = (4, 8, 16, 32, 64, 128, 256)
-MODE_LABELS = {"triforce": "TriForce (L0 → L1 → L2)", "ar": "Plain autoregressive", "retrieval-only":
+MODE_LABELS = {"auto": "Auto (fastest structure, picked online)", "triforce": "TriForce (L0 → L1 → L2)", "ar": "Plain autoregressive", "retrieval-only":
                "Retrieval draft only (L1 → L2)", "draft-only": "Small draft only (L0 → L2)"}
 DEFAULT_CONTEXT = 8192
 DEFAULT_DOCUMENT_MIB = MAX_BYTES // 2**20
@@ -118,7 +118,7 @@ class SettingsPanel(QScrollArea):
         form.addRow("Mode", self.mode)
         mode_card.body.addLayout(form)
         self.auto = QCheckBox("Auto-tune γ1, γ2 and budget")
-        self.auto.setToolTip("Pick γ1, γ2 and the retrieval budget from measured step times and acceptance")
+        self.auto.setToolTip("With a fixed mode: pick γ1, γ2 and the retrieval budget from measured step times and acceptance")
         self.auto.setObjectName("auto")
         mode_card.body.addWidget(self.auto)
         self.color_levels = QCheckBox("Colour answers by level")
@@ -295,9 +295,8 @@ class SettingsPanel(QScrollArea):
 
     def _update_enabled(self) -> None:
         mode = self.mode.currentData()
-        auto = self.auto.isChecked()
-        uses_l0 = mode in ("triforce", "draft-only")
-        uses_l1 = mode in ("triforce", "retrieval-only")
+        auto = self.auto.isChecked() or mode == Mode.AUTO  # auto picks the gammas itself
+        uses_l0, uses_l1 = Mode.of(mode).uses_l0, Mode.of(mode).uses_l1
         self.budget.setEnabled(uses_l1 and not auto)
         self.chunk.setEnabled(uses_l1)
         self.gamma1.setEnabled(uses_l0 and not auto)

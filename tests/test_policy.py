@@ -138,3 +138,13 @@ def test_auto_reports_what_it_runs_and_weighs(tiny, sample_text):
     second, final2 = answer_tokens(session, messages + [ChatMessage("assistant", final.text),
                                                         ChatMessage("user", "Again.")], doc)
     assert final2.metrics.candidates  # re-evaluated on the next turn from what the first measured
+
+
+def test_budget_grows_when_l1_is_cheap_but_misses_and_shrinks_when_dear_and_exact():
+    cheap_missing = _measured_policy(l0_l2=0.5, l1_l2=0.2, l0_l1=0.5, l1_share=0.3)  # 2 of 3 checked
+    assert cheap_missing.choose_budget(AUTO, 512, context_tokens=8000) == 1024
+    assert cheap_missing.choose_budget(AUTO, 4000, context_tokens=8000) == 4000  # at most half the context
+    dear_exact = _measured_policy(l0_l2=0.5, l1_l2=1.0, l0_l1=0.5, l1_share=0.9)
+    assert dear_exact.choose_budget(AUTO, 512, context_tokens=8000) == 256
+    assert not dear_exact.costs.measured("l1")  # L1's cost is measured again at its new size
+    assert Policy().choose_budget(AUTO, 512, context_tokens=8000) == 512  # nothing measured: unchanged

@@ -173,6 +173,22 @@ class Policy:
                 best = next(s for ms, s in scored if s.mode is self.current.mode)  # not worth a switch
         return self._ran(best)
 
+    def choose_budget(self, settings: DecodeSettings, budget: int, context_tokens: int) -> int:
+        """The retrieval budget for the next turn (a whole number of chunks): larger when L1 is cheap
+        next to L2 but misses, smaller when it hardly misses and costs nearly as much as L2."""
+        acc, c1, c2 = self.acceptance["l1_l2"], self.costs.estimate("l1", 1), self.costs.estimate("l2", 1)
+        if not acc.known or c1 is None or c2 is None:
+            return budget
+        chunk = settings.chunk
+        new = budget
+        if acc.rate < 0.7 and c1 < 0.5 * c2:
+            new = max(budget, min(budget * 2, context_tokens // 2 // chunk * chunk))
+        elif acc.rate > 0.95 and c1 > 0.5 * c2 and budget >= 4 * chunk:
+            new = budget // 2 // chunk * chunk
+        if new != budget:
+            self.costs.table["l1"].clear()  # L1's cost changes with its size: measure it again
+        return new
+
     def _ran(self, chosen: Structure) -> Structure:
         if self.current is not None and chosen.mode is not self.current.mode:
             self.switches += 1

@@ -78,9 +78,14 @@ class HierarchicalDecoder:
         self._since_rebuild = 0
         self._stale = False  # a new prompt came since the selection: rebuild before L1's next use
         self.rebuilds = 0
+        self._budget: int | None = None  # the policy's retrieval budget (None: the settings')
         self.l1_verify = verify  # the acceptance rule at L1 (tests swap in a known-buggy variant)
 
     # --- retrieval cache management ------------------------------------------------------------
+    def budget(self) -> int:
+        """The retrieval budget in force: the policy's under auto, else the settings'."""
+        return self._budget if self._budget is not None else self.settings.budget
+
     def _headroom(self) -> int:
         return self.settings.retrieval_headroom()
 
@@ -89,6 +94,14 @@ class HierarchicalDecoder:
         (under auto: lazily, before the first cycle that uses L1)."""
         self._prompt_query = prompt_query
         self._recent_l2.clear()
+        if self._policy_learns():  # each turn: the budget from what the last turns measured
+            current = self.budget()
+            fits = self.full.length // self.settings.chunk * self.settings.chunk
+            self._budget = min(self.policy.choose_budget(self.settings, current, self.full.length), fits)
+            if self._budget < 2 * self.settings.chunk:
+                self._budget = None
+        else:
+            self._budget = None
         if Mode.of(self.settings.mode) in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY):
             self.rebuild()
         else:
@@ -97,9 +110,10 @@ class HierarchicalDecoder:
     def rebuild(self) -> None:
         s = self.settings
         r = self.retrieval
-        if r is None or r.budget != s.budget or r.chunk != s.chunk or r.headroom < self._headroom():
+        budget = self.budget()
+        if r is None or r.budget != budget or r.chunk != s.chunk or r.headroom < self._headroom():
             self.retrieval = None  # free the old buffers first
-            self.retrieval = r = self.full.retrieval(self.runner.arch.n_heads, s.budget, s.chunk, self._headroom())
+            self.retrieval = r = self.full.retrieval(self.runner.arch.n_heads, budget, s.chunk, self._headroom())
         r.rebuild(self._prompt_query)
         self.rebuilds += 1
         self._stale = False
@@ -112,7 +126,7 @@ class HierarchicalDecoder:
         st = self.structure
         need = (st.gamma1 + st.gamma2 + 2) if st is not None else s.speculation_tokens()
         rolling = sum(self._recent_l2) / len(self._recent_l2) if len(self._recent_l2) >= 4 else 1.0
-        if (r is None or self._stale or r.budget != s.budget or r.chunk != s.chunk or r.room() < need
+        if (r is None or self._stale or r.budget != self.budget() or r.chunk != s.chunk or r.room() < need
                 or rolling < s.rebuild_threshold
                 or (s.rebuild_stride and self._since_rebuild >= s.rebuild_stride)):
             self.rebuild()
@@ -162,7 +176,10 @@ class HierarchicalDecoder:
     def choice_metrics(self) -> dict:
         """Metrics fields saying what ran and, under auto, what the policy weighed."""
         st = self.structure
-        return {"structure": st.label if st is not None else "", "candidates": self.policy.candidates,
+        label = st.label if st is not None else ""
+        if st is not None and st.mode.uses_l1:
+            label += f" budget={self.budget()}"
+        return {"structure": label, "candidates": self.policy.candidates,
                 "structure_switches": self.stats.switches}
 
     # --- what the levels report: this answer's counters and the policy's measurements ---------
