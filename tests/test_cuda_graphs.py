@@ -130,3 +130,9 @@ def test_unsupported_caches_and_devices_use_the_runners_forward():
     full.capture_query = False
     assert g.supports(12) and not g.supports(13)  # past capacity: the runner raises its own error
     assert with_graphs(runner) is runner  # no CUDA here
+    from engine.model.runner_tp import TensorParallelRunner
+    from random_models import random_weights
+
+    config, state = random_weights(3, vocab=40, hidden=32, layers=3, heads=4, kv_heads=2)
+    tp = TensorParallelRunner(config, state, ["cpu", "cpu"], torch.float32)
+    assert GraphedForward(tp, full).kind is None  # tensor parallel stays eager

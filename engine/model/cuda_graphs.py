@@ -26,7 +26,7 @@ from engine.kv.full import FullCache
 from engine.kv.retrieval import RetrievalCache
 from engine.kv.rope import rotate
 from engine.kv.streaming import StreamingCache
-from engine.model.runner import linear, rms_norm
+from engine.model.runner import LlamaRunner, linear, rms_norm
 
 MAX_GRAPHED_TOKENS = 33  # decode, L1 and verification shapes; prefill chunks stay eager
 
@@ -61,8 +61,8 @@ class GraphedForward:
         self.device = runner.device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.kind = _kind(cache)
-        one_card = all(d == runner.device for d in getattr(runner, "layer_devices", [runner.device]))
-        if not one_card or not hasattr(runner, "layers") or cache.device != runner.device:
+        one_card = isinstance(runner, LlamaRunner) and all(d == runner.device for d in runner.layer_devices)
+        if not one_card or cache.device != runner.device:  # a layer split or tensor parallel: eager
             self.kind = None
         self._graphs: dict[tuple[int, bool], _Captured] = {}
         self._slots_all = torch.arange(cache.capacity, device=self.device)  # [C]
@@ -118,7 +118,8 @@ class GraphedForward:
     # --- the static-shape forward --------------------------------------------------------------
     def _static(self, tokens: torch.Tensor, positions: torch.Tensor, length: torch.Tensor,
                 last_only: bool) -> torch.Tensor:
-        """The runner's forward with every shape fixed by (T, capacity); length is a device tensor."""
+        """The runner's forward (LlamaRunner.forward, step for step) with every shape fixed by
+        (T, capacity); length is a device tensor."""
         runner, cache, arch = self.runner, self.cache, self.runner.arch
         n = tokens.shape[0]
         q_size, kv_size, d = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim, arch.head_dim
@@ -136,10 +137,10 @@ class GraphedForward:
                 self._slot_tables = runner.rope.cos_sin(self._slots_all, cache.dtype)  # [C, D]
             all_cos, all_sin = self._slot_tables
             cos, sin = all_cos[slots], all_sin[slots]  # [T, D]: the draft sees slot positions
-        x = runner.embed[tokens]  # [T, hidden]
+        x = runner.embed[tokens] if isinstance(runner.embed, torch.Tensor) else runner.embed.rows(tokens)  # [T, hidden]
         for index, layer in enumerate(runner.layers):
             h = rms_norm(x, layer.attn_norm, arch.rms_eps)
-            qkv = F.linear(h, layer.wqkv, layer.bqkv)  # [T, (Hq + 2 Hkv) * D]
+            qkv = linear(h, layer.wqkv, bias=layer.bqkv)  # [T, (Hq + 2 Hkv) * D]
             q = qkv[:, :q_size].view(n, arch.n_heads, d).transpose(0, 1)  # [Hq, T, D]
             k = qkv[:, q_size:q_size + kv_size].view(n, arch.n_kv_heads, d).transpose(0, 1)  # [Hkv, T, D]
             v = qkv[:, q_size + kv_size:].view(n, arch.n_kv_heads, d).transpose(0, 1)
@@ -157,10 +158,10 @@ class GraphedForward:
             attn = F.scaled_dot_product_attention(q_rows[None], held[None], values[None],
                                                   attn_mask=bias)[0]  # [Hkv, G*T, D]
             attn = attn.reshape(arch.n_heads, n, d)  # [Hq, T, D]
-            x = x + F.linear(attn.transpose(0, 1).reshape(n, q_size), layer.wo)
+            x = x + linear(attn.transpose(0, 1).reshape(n, q_size), layer.wo)
             h = rms_norm(x, layer.mlp_norm, arch.rms_eps)
             gate, up = linear(h, layer.w_gate_up, layer.gate_up_packed).chunk(2, dim=-1)  # [T, I] each
-            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+            x = x + linear(F.silu(gate) * up, layer.w_down)
         if last_only:
             x = x[-1:]
         return runner._vocab_projection(rms_norm(x, runner.norm, arch.rms_eps)).float()  # [T, V]
@@ -193,5 +194,8 @@ class GraphedRunner:
 
 
 def with_graphs(runner):
-    """The runner wrapped for CUDA graphs when it computes on CUDA, else the runner itself."""
-    return GraphedRunner(runner) if runner.device.type == "cuda" else runner
+    """The runner wrapped for CUDA graphs when it computes on CUDA, else the runner itself (and a
+    wrapped runner as it is)."""
+    if isinstance(runner, GraphedRunner) or runner.device.type != "cuda":
+        return runner
+    return GraphedRunner(runner)
