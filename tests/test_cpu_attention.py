@@ -64,3 +64,15 @@ def test_strided_head_views_of_a_bigger_buffer():
 def test_measure_gbps_reports_a_rate():
     r = measure_gbps(2, 8, 16, 2048, 7, torch.float32, reps=1)
     assert r["bytes"] == 2 * 2 * 2048 * 16 * 4 and r["gbps"] > 0 and r["ms"] > 0
+
+
+def test_default_blocks_are_few_and_large_for_long_contexts():
+    from engine.kv.cpu_attention import MAX_BLOCKS, MIN_BLOCK, block_for
+
+    assert block_for(100) == MIN_BLOCK and block_for(32768) == 2048 and block_for(131072) == 8192
+    for total in (1, 1023, 5000, 16385, 200_000):
+        b = block_for(total)
+        assert b % MIN_BLOCK == 0 and -(-total // b) <= MAX_BLOCKS
+    q, k, v = _qkv(8, 2, 7, 3000, 16)  # the default block, several blocks of it? one: still exact
+    torch.testing.assert_close(cpu_gqa_attention(q, k, v), gqa_attention(q, k, v, causal_mask(7, 3000, k.device)),
+                               rtol=1e-5, atol=1e-5)

@@ -16,18 +16,27 @@ import time
 
 import torch
 
-DEFAULT_BLOCK = 1024  # positions per block: 512-2048 measured within noise of each other (2-core Xeon)
+MIN_BLOCK = 1024  # positions per block at least: 512-4096 measured within noise of each other (2-core Xeon)
+MAX_BLOCKS = 16  # ... and at most this many blocks: each costs ~12 torch calls (microseconds each), so at
+# 128K a fixed 1024 would spend ~10 ms per layer in dispatch; 16 blocks keep the fp32 scores of one
+# block at [Hkv, G*T, S/16] (7 MB for Llama-3.1-8B at 128K, 7 new tokens)
 
 
-def cpu_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int = DEFAULT_BLOCK) -> torch.Tensor:
+def block_for(total: int) -> int:
+    """Positions per block for `total` held positions (a multiple of MIN_BLOCK)."""
+    return max(MIN_BLOCK, -(-total // (MAX_BLOCKS * MIN_BLOCK)) * MIN_BLOCK)
+
+
+def cpu_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """q [Hq, T, D], k/v [Hkv, S, D] (S >= T, all on the CPU) -> [Hq, T, D] in q's dtype.
 
     The T new queries are the last T of the S positions: query i sees keys 0..S-T+i (the
     causal lower-right mask, as engine.kv.attention.gqa_attention). Exact softmax attention,
-    blocked over S with a running max and sum.
+    blocked over S with a running max and sum (block: positions per block; default block_for(S)).
     """
     n_heads, new, dim = q.shape
     n_kv, total = k.shape[0], k.shape[1]
+    block = block or block_for(total)
     rows = (n_heads // n_kv) * new
     compute = torch.bfloat16 if k.dtype == torch.bfloat16 else torch.float32  # bf16 x bf16, fp32 accumulate
     # [Hkv, D, G*T]: column r = (query head g of the group, new token t), r = g * T + t. Scores are
