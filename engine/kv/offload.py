@@ -267,8 +267,9 @@ class OffloadedCache(FullCache):
         on_cpu = None
         if first:  # hybrid: heads [0, first) are attended where their K/V live
             self._wait_written(layer)  # a pending write-back to these buffers must land first
-            down = torch.cat([q[:first * group].flatten(), k[:first].flatten(), v[:first].flatten()]).to("cpu")
-            cq, ck, cv = down.split([first * group * q.shape[1] * q.shape[2], k[:first].numel(), k[:first].numel()])
+            parts = (q[:first * group], k[:first], v[:first])  # [c*G, T, D], [c, T, D], [c, T, D]
+            down = torch.cat([t.flatten() for t in parts]).to("cpu")  # one small copy to the host
+            cq, ck, cv = down.split([t.numel() for t in parts])
             self.keys[layer][:first, start:stop] = ck.view_as(k[:first])
             self.values[layer][:first, start:stop] = cv.view_as(v[:first])
         out = None
