@@ -29,6 +29,7 @@ from app.icons import app_icon
 from app.job_messages import ModelInfo, TokenBatch
 from app.overflow import Overflow
 from app.overflow_dialog import show_overflow_dialog
+from app.passages_view import PassagesPresenter
 from app.quit_signals import close_on_signals
 from app.settings_panel import DEFAULT_DOCUMENT_MIB, DEFAULT_SNAPSHOT_GIB, settings_from_dict
 from app.window_layout import build_window_layout
@@ -78,6 +79,7 @@ class MainWindow(QMainWindow):
         self._overflow_box: QMessageBox | None = None
         self._restore_geometry()
         self._wire()
+        self.passages = PassagesPresenter(self)  # lists an answer's passages; the header's context meter
         self.controller.refresh_chats()
         self.controller.open_interrupted()
         self.memory.start(enabled=sample_memory)
@@ -238,6 +240,8 @@ class MainWindow(QMainWindow):
             self.show_settings(self.settings_panel.max_new)
         elif key == "new-chat":
             self.new_chat()
+        elif key == "passages":
+            self.passages.attach_as_passages(overflow.paths)
 
     # ----------------------------------------------------------------------------- WindowView
 
