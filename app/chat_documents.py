@@ -78,7 +78,7 @@ class ChatDocuments:
         self._counter += 1
         attached = AttachedDocument(self._counter, doc, tokens, sha256)
         self.items.append(attached)
-        self.chips.add(attached.key, doc.title, tokens)
+        self.chips.add(attached.key, doc.title, tokens, (doc.meta or {}).get("fit", "whole"))
         return attached
 
     def drop(self, attached: AttachedDocument) -> None:

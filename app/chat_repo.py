@@ -131,6 +131,8 @@ class ChatRepo:
     # documents
     def add_document(self, chat_id: int, doc: DocumentText, model_id: str = "", tokens: int | None = None) -> str:
         stored = self.store.add_document(chat_id, doc)
+        if (doc.meta or {}).get("fit", "whole") != stored.fit:  # answered from its passages: kept with the chat
+            self.store.set_document_fit(chat_id, stored.sha256, doc.meta["fit"])
         if model_id and tokens is not None:
             self.store.set_token_count(chat_id, stored.sha256, model_id, tokens)
         return stored.sha256
@@ -147,7 +149,7 @@ class ChatRepo:
 
     @staticmethod
     def _document(d: StoredDocument, model_id: str) -> DocumentText:
-        meta = {"sha256": d.sha256, "format": d.format, "bytes": d.bytes}
+        meta = {"sha256": d.sha256, "format": d.format, "bytes": d.bytes, "fit": d.fit}
         if model_id in d.token_counts:
             meta["tokens"] = int(d.token_counts[model_id])
         return DocumentText(d.title, d.text, d.source, meta)

@@ -71,10 +71,12 @@ class DocumentChip(QFrame):
 
     removeRequested = Signal(object)
 
-    def __init__(self, key: object, title: str, tokens: int | None, parent: QWidget | None = None) -> None:
+    def __init__(self, key: object, title: str, tokens: int | None, parent: QWidget | None = None,
+                 fit: str = "whole") -> None:
         super().__init__(parent)
         self.key = key
         self.title = title
+        self.fit = fit
         self.setObjectName("chip")
         lay = QHBoxLayout(self)
         lay.setContentsMargins(10, 3, 4, 3)
@@ -89,6 +91,11 @@ class DocumentChip(QFrame):
         self.count = QLabel()
         self.count.setObjectName("muted")
         lay.addWidget(self.count)
+        self.fit_label = QLabel(fit)  # "whole", or "passages": each answer is given the most relevant passages
+        self.fit_label.setObjectName("muted")
+        self.fit_label.setToolTip("The whole document goes into every prompt" if fit == "whole" else
+                                  "Too long for the context: each question is answered from its most relevant passages")
+        lay.addWidget(self.fit_label)
         self.close = QToolButton(text="✕")
         self.close.setToolTip("Remove this document from the chat")
         self.close.setCursor(Qt.CursorShape.PointingHandCursor)
@@ -101,7 +108,7 @@ class DocumentChip(QFrame):
         self.count.setText("counting…" if tokens is None else f"{tokens:,} tokens")
 
     def text(self) -> str:
-        return f"{self.title} {self.count.text()}"
+        return f"{self.title} {self.count.text()} {self.fit}"
 
 
 class DocumentChips(QWidget):
@@ -116,8 +123,8 @@ class DocumentChips(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
         self.hide()
 
-    def add(self, key: object, title: str, tokens: int | None) -> DocumentChip:
-        chip = DocumentChip(key, title, tokens, self)
+    def add(self, key: object, title: str, tokens: int | None, fit: str = "whole") -> DocumentChip:
+        chip = DocumentChip(key, title, tokens, self, fit)
         chip.removeRequested.connect(self.removeRequested.emit)
         self._flow.addWidget(chip)
         self.chips.append(chip)

@@ -34,6 +34,7 @@ class Overflow:
     prompt_tokens: int | None = None
     answer_tokens: int | None = None
     context_tokens: int | None = None
+    paths: tuple[str, ...] = ()  # the files that did not fit (what "passages" attaches again)
 
     @property
     def needed(self) -> int | None:
@@ -71,6 +72,10 @@ class Overflow:
         out = [OverflowAction("model", "Choose another model…",
                               f"one with a context of {self.context_to_ask_for:,} tokens or more"
                               if self.context_to_ask_for else "one with a longer context")]
+        if self.paths:  # keep the book, and answer each question from its passages that match it best
+            out.append(OverflowAction("passages", "Answer from the most relevant passages",
+                                      "add it anyway: each question is answered from its passages that match "
+                                      "it best (page, chapter or section), and the answer lists them"))
         if not self.prompt_alone_overflows:
             room = (self.context_tokens or 0) - (self.prompt_tokens or 0)
             out.append(OverflowAction("answer-length", "Shorter answer…",
@@ -91,7 +96,7 @@ def overflow_from(message: str, paths: Sequence[str] = (), error: BaseException 
                 prompt_tokens, answer_tokens, context_tokens = (int(g.replace(",", "")) for g in m.groups())
                 break
     names = tuple(Path(p).name for p in paths)
-    return Overflow(names, message, prompt_tokens, answer_tokens, context_tokens)
+    return Overflow(names, message, prompt_tokens, answer_tokens, context_tokens, tuple(str(p) for p in paths))
 
 
 def _names(names: Sequence[str]) -> str:

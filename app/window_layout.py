@@ -15,6 +15,7 @@ from app import theme
 from app.chat_list import ChatList
 from app.chat_view import ChatView
 from app.composer import Composer
+from app.context_meter import ContextMeter
 from app.document_chips import DocumentChips, PrefillStrip
 from app.panels import AcceptancePanel, CachePanel, MemoryPanel
 from app.settings_panel import SettingsPanel
@@ -60,6 +61,8 @@ def build_window_layout(window: Any, initial: DecodeSettings) -> None:
     window.context_label = QLabel()
     window.context_label.setObjectName("muted")
     hl.addWidget(window.context_label)
+    window.context_meter = ContextMeter()  # used / total tokens; a click breaks it down
+    hl.addWidget(window.context_meter)
     window.model_button = QPushButton("Model…")
     window.model_button.setToolTip("Choose the model (bundled, presets, local folders, .gguf, Hugging Face)")
     hl.addWidget(window.model_button)

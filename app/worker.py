@@ -23,6 +23,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from app.engine_backend import EngineBackend, model_info
 from app.job_messages import (Conversation, DocumentReady, JobFailed, LoadProgress,  # noqa: F401 (re-exported)
                               ModelInfo, TokenBatch)
+from app.passages_fit import PASSAGES, fit_for_stream, prefill_documents, with_fit
 from engine.api import Cancelled
 from engine.errors import ReadCancelled, UserError
 from engine.events import DocumentText, Finished, FinishReason, Metrics, PrefillProgress, ReadProgress, TokenText
@@ -59,8 +60,13 @@ class EngineWorker(QObject):
         self._active_job = 0
         self._tokens: dict[int, threading.Event] = {}  # job -> its cancel token (made by whoever comes first)
         self._load_cancel = threading.Event()
+        self._passage_paths: set[str] = set()  # files the user chose to have answered from their passages
 
     # --- called directly from the GUI thread (thread-safe) -------------------------------
+
+    def fit_as_passages(self, paths: Sequence[str]) -> None:
+        """The next ingest of these files marks them "passages" (the overflow dialog's third way out)."""
+        self._passage_paths.update(paths)
 
     def cancel(self, job: int | None = None) -> None:
         """Stop `job` (default: whatever runs now). Honoured within one engine step; a job stopped
@@ -163,6 +169,7 @@ class EngineWorker(QObject):
                 try:
                     document = self._backend.read_document(path, self._page_progress(job, path),
                                                            lambda: self._is_cancelled(job))
+                    document = with_fit(document, PASSAGES) if path in self._passage_paths else document
                     ready.append(DocumentReady(job, path, document, int(session.count_tokens(document.text))))
                 except ReadCancelled:
                     break
@@ -173,12 +180,13 @@ class EngineWorker(QObject):
                 return
             if not ready:
                 return
-            documents = list(conversation.documents) + [r.document for r in ready]
-            session.check_fits(list(conversation.messages), documents, conversation.system)
+            documents = prefill_documents(list(conversation.documents) + [r.document for r in ready])
+            if not (empty := not documents and not conversation.messages):  # only passages: nothing to read yet
+                session.check_fits(list(conversation.messages), documents, conversation.system)
             for r in ready:
                 self.documentReady.emit(r)
-            self._run_events(job, session, session.prefill(list(conversation.messages), documents,
-                                                           conversation.system, cancel=self._token(job)))
+            self._run_events(job, session, iter([Finished(FinishReason.STOP, "")]) if empty else session.prefill(
+                list(conversation.messages), documents, conversation.system, cancel=self._token(job)))
         except BaseException as exc:  # noqa: BLE001
             self._report(job, "ingest", exc)
         finally:
@@ -203,7 +211,10 @@ class EngineWorker(QObject):
         self._begin(job)
         try:
             session = self._require_session()
-            self._run_events(job, session, session.stream(list(conversation.messages), list(conversation.documents),
+            documents, used = fit_for_stream(session, conversation.messages, conversation.documents, conversation.system)
+            if used is not None:  # the passages this answer is given, before its first token
+                self.engineEvent.emit(job, used)
+            self._run_events(job, session, session.stream(list(conversation.messages), documents,
                                                  conversation.system, cancel=self._token(job)))
         except BaseException as exc:  # noqa: BLE001
             self._report(job, "stream", exc)
@@ -411,6 +422,9 @@ class EngineController(QObject):
 
     def cancel(self, job: int | None = None) -> None:
         self.worker.cancel(job)
+
+    def fit_as_passages(self, paths: Sequence[str]) -> None:
+        self.worker.fit_as_passages(paths)
 
     def set_limits(self, max_document_bytes: int, snapshot_cap_bytes: int) -> None:
         """Largest document the app reads, and the disk kept for prefilled books (evicts at once)."""
