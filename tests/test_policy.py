@@ -10,6 +10,7 @@ from engine.events import ChatMessage, DocumentText
 from engine.model.loading import load_folder
 from engine.settings import DecodeSettings, Mode
 from streams import answer_tokens
+from test_lossless import assert_identical_or_near_tie
 
 AUTO = DecodeSettings(mode="auto", budget=64, chunk=16)
 FIXED = [Structure(Mode.AR), Structure(Mode.DRAFT_ONLY, 3, 1), Structure(Mode.RETRIEVAL_ONLY, 1, 4),
@@ -148,3 +149,19 @@ def test_budget_grows_when_l1_is_cheap_but_misses_and_shrinks_when_dear_and_exac
     assert dear_exact.choose_budget(AUTO, 512, context_tokens=8000) == 256
     assert not dear_exact.costs.measured("l1")  # L1's cost is measured again at its new size
     assert Policy().choose_budget(AUTO, 512, context_tokens=8000) == 512  # nothing measured: unchanged
+
+
+@pytest.mark.bundled
+def test_bundled_auto_and_forced_switches_match_ar(bundled_model_dir, sample_passage):
+    """The bundled model on ~2K tokens, greedy: auto (its own choices, then scripted to switch every
+    cycle) gives AR's tokens, over two turns of one session."""
+    model = load_folder(bundled_model_dir)
+    doc = [DocumentText("Hamlet", sample_passage(2000))]
+    messages = [ChatMessage("user", "Continue the play from where the text stops.")]
+    session = ChatSession(model, DecodeSettings(mode="ar", max_new_tokens=24), draft="ngram", capacity=4096)
+    reference, _ = answer_tokens(session, messages, doc)
+    session.update_settings(DecodeSettings(mode="auto", budget=256, chunk=16, max_new_tokens=24))
+    for script in (None, list(FIXED)):
+        session.decoder.policy.forced = script
+        got, final = answer_tokens(session, messages, doc)
+        assert_identical_or_near_tie(model, session.prompt_tokens(messages, doc), reference, got)

@@ -33,7 +33,7 @@ class HFPeer:
         if self._prefix is None or self._prefix[0] != prompt:
             with torch.no_grad():
                 out = self.hf(torch.tensor([prompt[:-1]], device=self.hf.device), use_cache=True)
-            self._prefix = (list(prompt), out.past_key_values)
+            self._prefix = (list(prompt), out.cache)
         return copy.deepcopy(self._prefix[1])
 
     def _generate(self, prompt: list[int], new_tokens: int, lookup: bool) -> tuple[list[int], float]:
@@ -42,7 +42,7 @@ class HFPeer:
         cache = self._cached(prompt)
         started = time.perf_counter()
         with torch.no_grad():
-            out = self.hf.generate(ids, past_key_values=cache, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+            out = self.hf.generate(ids, cache=cache, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                    do_sample=False, eos_token_id=None, pad_token_id=0, **extra)
         return out[0, len(prompt):].tolist(), time.perf_counter() - started
 
