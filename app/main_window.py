@@ -7,8 +7,6 @@ implements the calls the controller makes back (`WindowView`). `run_app()` is th
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication, QFileDialog, QInputDialog, QMainWindow, QMessageBox
 
 from app import theme
+from app.app_main import app_settings, run_app  # noqa: F401 - run_app: the gui-script's entry (pyproject)
 from app.chat_controller import ChatController, chat_title  # noqa: F401 - chat_title re-exported
 from app.chat_documents import ChatDocuments
 from app.chat_naming import export_file_name
@@ -30,25 +29,14 @@ from app.job_messages import ModelInfo, TokenBatch
 from app.overflow import Overflow
 from app.overflow_dialog import show_overflow_dialog
 from app.passages_view import PassagesPresenter
-from app.quit_signals import close_on_signals
 from app.settings_panel import DEFAULT_DOCUMENT_MIB, DEFAULT_SNAPSHOT_GIB, settings_from_dict
 from app.window_layout import build_window_layout
 from app.window_menus import build_menus, show_about
 from app.worker import EngineBackend, EngineController
-from engine.errors import UserError
 from engine.events import ChatMessage, Metrics, PrefillProgress, ReadProgress
 from engine.settings import DecodeSettings
 
 log = logging.getLogger(__name__)
-
-ORG, APP = "TriForceChat", "TriForce Chat"
-
-
-def app_settings() -> QSettings:
-    """Global preferences, next to the app's data (so TRIFORCE_HOME isolates tests too)."""
-    from engine.api import app_home
-    return QSettings(str(app_home() / "app-settings.ini"), QSettings.Format.IniFormat)
-
 
 class MainWindow(QMainWindow):
     """One chat window. `model_spec` loads at start (None: load nothing until the user picks)."""
@@ -419,33 +407,3 @@ class MainWindow(QMainWindow):
 def _chat_subtitle(c: Any) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
     return f"{c.message_count} messages · {when}"
-
-
-def run_app(argv: list[str] | None = None) -> int:
-    """Start the desktop app. The model comes from $TRIFORCE_MODEL (default: the last one used,
-    else the bundled one); files named on the command line are attached to a new chat."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    argv = list(sys.argv if argv is None else argv)
-    QApplication.setApplicationName(APP)
-    QApplication.setOrganizationName(ORG)
-    QApplication.setDesktopFileName("triforce-chat")
-    app = QApplication.instance() or QApplication(argv)
-    app.setWindowIcon(app_icon())
-    theme.apply_theme(app)
-    prefs = app_settings()
-    spec = os.environ.get("TRIFORCE_MODEL") or prefs.value("model/spec", "bundled", type=str) or "bundled"
-    try:
-        window = MainWindow(spec, settings=prefs)
-    except UserError as exc:  # e.g. the chat store cannot be opened
-        QMessageBox.critical(None, "TriForce Chat", str(exc))
-        return 2
-    window.show()
-    close_on_signals(window)  # Ctrl+C / SIGTERM: the answer being written is kept, marked interrupted
-    for path in argv[1:]:
-        if Path(path).is_file():
-            window.attach_file(path)
-    return app.exec()
-
-
-if __name__ == "__main__":
-    sys.exit(run_app())

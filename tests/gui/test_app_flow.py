@@ -129,6 +129,8 @@ def test_stop_mid_answer_keeps_partial_and_app_usable(qtbot, make_window, tiny_m
 def test_budget_slider_reaches_the_engine_at_next_rebuild(qtbot, make_window, tiny_model, sample_text, tmp_path):
     window = make_window(tiny_model)
     panel = window.settings_panel
+    panel.mode.setCurrentIndex(panel.mode.findData("triforce"))  # auto tunes the budget itself (slider greyed)
+    assert panel.budget.isEnabled()
     session = window.engine.session()
     context = window.model.max_context
     chunk = panel.settings().chunk

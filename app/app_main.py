@@ -1,0 +1,55 @@
+"""The desktop app's entry point (`run_app`, the gui-script `triforce-chat`) and its preferences file."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QApplication, QMessageBox
+
+from app import theme
+from app.icons import app_icon
+from app.quit_signals import close_on_signals
+from engine.errors import UserError
+
+ORG, APP = "TriForceChat", "TriForce Chat"
+
+
+def app_settings() -> QSettings:
+    """Global preferences, next to the app's data (so TRIFORCE_HOME isolates tests too)."""
+    from engine.api import app_home
+    return QSettings(str(app_home() / "app-settings.ini"), QSettings.Format.IniFormat)
+
+
+def run_app(argv: list[str] | None = None) -> int:
+    """Start the desktop app. The model comes from $TRIFORCE_MODEL (default: the last one used,
+    else the bundled one); files named on the command line are attached to a new chat."""
+    from app.main_window import MainWindow  # (main_window imports this module)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv if argv is None else argv)
+    QApplication.setApplicationName(APP)
+    QApplication.setOrganizationName(ORG)
+    QApplication.setDesktopFileName("triforce-chat")
+    app = QApplication.instance() or QApplication(argv)
+    app.setWindowIcon(app_icon())
+    theme.apply_theme(app)
+    prefs = app_settings()
+    spec = os.environ.get("TRIFORCE_MODEL") or prefs.value("model/spec", "bundled", type=str) or "bundled"
+    try:
+        window = MainWindow(spec, settings=prefs)
+    except UserError as exc:  # e.g. the chat store cannot be opened
+        QMessageBox.critical(None, "TriForce Chat", str(exc))
+        return 2
+    window.show()
+    close_on_signals(window)  # Ctrl+C / SIGTERM: the answer being written is kept, marked interrupted
+    for path in argv[1:]:
+        if Path(path).is_file():
+            window.attach_file(path)
+    return app.exec()
+
+
+if __name__ == "__main__":
+    sys.exit(run_app())
