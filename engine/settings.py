@@ -49,16 +49,26 @@ def draft_cache_slack() -> int:
 
 @dataclass(frozen=True)
 class Sampling:
-    """The target distribution. temperature 0 means greedy (argmax)."""
+    """The target distribution. temperature 0 means greedy (argmax). The penalties (OpenAI's
+    presence/frequency style) lower the logit of each token already in the answer: by
+    `presence_penalty` once, and by `frequency_penalty` per occurrence (applied before temperature;
+    under greedy too). Every decoding level applies them alike (engine/decoding/acceptance.py)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Does the warp depend on the answer so far?"""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def validate(self) -> None:
         if not 0.0 <= self.temperature <= 5.0:
@@ -67,6 +77,41 @@ class Sampling:
             raise InvalidSettingError(f"top-p {self.top_p} is out of range: use a value in (0, 1]")
         if self.top_k < 0:
             raise InvalidSettingError(f"top-k {self.top_k} is out of range: use 0 (off) or a positive count")
+        for name, value in (("presence", self.presence_penalty), ("frequency", self.frequency_penalty)):
+            if not -2.0 <= value <= 2.0:
+                raise InvalidSettingError(f"{name} penalty {value} is out of range: use -2 to 2 (0: off)")
+
+
+# What a chat uses when the model's generation_config.json recommends nothing: mild sampling and a
+# light penalty on repeats, so a small model does not loop ("He is a patron of the arts." x10).
+FALLBACK_SAMPLING = Sampling(temperature=0.7, top_p=0.9, top_k=40)
+DEFAULT_PRESENCE_PENALTY = 0.0
+DEFAULT_FREQUENCY_PENALTY = 0.3
+
+
+def recommended_sampling(generation_config: dict | None) -> Sampling:
+    """The sampling a model recommends in its generation_config.json (do_sample, temperature, top_p,
+    top_k), FALLBACK_SAMPLING's values where it says nothing, plus the default repetition penalties.
+    do_sample false means greedy."""
+    config = generation_config if isinstance(generation_config, dict) else {}
+    base = FALLBACK_SAMPLING
+    if config.get("do_sample") is False:
+        base = Sampling(temperature=0.0)
+    elif config.get("do_sample") is True or any(k in config for k in ("temperature", "top_p", "top_k")):
+        base = Sampling(temperature=_number(config.get("temperature"), 1.0),  # transformers' own defaults
+                        top_p=_number(config.get("top_p"), 1.0), top_k=int(_number(config.get("top_k"), 0)))
+    sampling = dataclasses.replace(base, presence_penalty=DEFAULT_PRESENCE_PENALTY,
+                                   frequency_penalty=DEFAULT_FREQUENCY_PENALTY)
+    try:
+        sampling.validate()
+    except InvalidSettingError:
+        return dataclasses.replace(FALLBACK_SAMPLING, presence_penalty=DEFAULT_PRESENCE_PENALTY,
+                                   frequency_penalty=DEFAULT_FREQUENCY_PENALTY)  # a nonsensical file
+    return sampling
+
+
+def _number(value, default: float) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
 @dataclass(frozen=True)
