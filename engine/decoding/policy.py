@@ -8,8 +8,8 @@ structure is scored as E(a, g) / cost, E(a, g) = (1 - a^(g+1)) / (1 - a) tokens 
 
 Exploration is bounded: a structure not yet measured is tried for EXPLORE_CYCLES verification
 cycles, once per session, and only while its optimistic score is within EXPLORE_MARGIN of the best.
-The choice is re-scored before every cycle (so both each turn and any acceptance shift count) and
-changes only between cycles; a switch needs a SWITCH_GAIN advantage. Every cycle's output is an
+The choice is re-scored at each turn, every RESCORE_EVERY cycles and whenever an acceptance estimate
+moves by SHIFT, and changes only between cycles; a switch needs a SWITCH_GAIN advantage. Every cycle's output is an
 exact sample whatever structure ran it, so switching never changes what is generated.
 """
 from __future__ import annotations
@@ -21,6 +21,8 @@ from engine.settings import MAX_DRAFT, DecodeSettings, Mode
 
 EXPLORE_CYCLES = 3
 EXPLORE_MARGIN = 1.5  # explore an untried structure if its optimistic ms/token <= 1.5x the best's
+RESCORE_EVERY = 4  # re-score at least every 4 cycles ...
+SHIFT = 0.1  # ... or as soon as any acceptance estimate moved this much since the last scoring
 SWITCH_GAIN = 0.92  # switch only if the best predicts <= 92% of the current structure's ms/token
 FORGET = 0.95  # per-observation decay of the acceptance counts
 MAX_GAMMA1 = 8
@@ -68,11 +70,17 @@ class StepCosts:
 
     def __init__(self) -> None:
         self.table: dict[str, dict[int, float]] = {"l0": {}, "l1": {}, "l2": {}}
+        self._lines: dict[str, tuple[float, float, float]] = {}  # level -> (mean n, mean t, slope), cached
 
     def record(self, level: str, tokens: int, seconds: float) -> None:
         row = self.table[level]
         old = row.get(tokens)
         row[tokens] = seconds if old is None else 0.7 * old + 0.3 * seconds
+        self._lines.pop(level, None)
+
+    def forget(self, level: str) -> None:
+        self.table[level].clear()
+        self._lines.pop(level, None)
 
     def measured(self, level: str) -> bool:
         return bool(self.table[level])
@@ -84,16 +92,24 @@ class StepCosts:
             return None
         if tokens in row:
             return row[tokens]
-        points = sorted(row.items())
+        line = self._lines.get(level)
+        if line is None:
+            self._lines[level] = line = self._fit(row)
+        mean_n, mean_t, slope = line
+        return max(1e-6, mean_t + slope * (tokens - mean_n))
+
+    @staticmethod
+    def _fit(row: dict[int, float]) -> tuple[float, float, float]:
+        """Least squares through the measured points; one point: the prior slope."""
+        points = list(row.items())
         if len(points) == 1:
             n0, t0 = points[0]
             base = t0 / (1.0 + PRIOR_SLOPE * (n0 - 1))
-            return base * (1.0 + PRIOR_SLOPE * (tokens - 1))
+            return float(n0), t0, PRIOR_SLOPE * base
         mean_n = sum(n for n, _ in points) / len(points)
         mean_t = sum(t for _, t in points) / len(points)
         var = sum((n - mean_n) ** 2 for n, _ in points)
-        slope = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in points) / var)
-        return max(1e-6, mean_t + slope * (tokens - mean_n))
+        return mean_n, mean_t, max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in points) / var)
 
 
 @dataclass
@@ -139,6 +155,14 @@ class Policy:
     candidates: tuple[CandidateCost, ...] = ()
     switches: int = 0
     forced: list[Structure] | None = None  # tests: a script of structures to run, one per cycle
+    _memo: dict = field(default_factory=dict, repr=False)  # inputs of the current choice
+    _settled: bool = False  # the last scoring chose without exploring
+    _since_score: int = 0  # cycles since the last scoring
+    _scored_rates: dict = field(default_factory=dict)  # acceptance at the last scoring
+
+    def new_turn(self) -> None:
+        """A new prompt: score afresh at the next cycle."""
+        self._settled = False
 
     def observe(self, boundary: str, proposed: int, accepted: int) -> None:
         self.acceptance[boundary].add(proposed, accepted)
@@ -147,6 +171,7 @@ class Policy:
         """The structure for the next cycle (`settings.mode` fixed: that mode, gammas tuned if
         settings.auto)."""
         mode = Mode.of(settings.mode)
+        self._memo.clear()
         if self.forced:
             chosen = self.forced.pop(0)
             self.forced.append(chosen)
@@ -158,15 +183,24 @@ class Policy:
             if has_l0 or not m.uses_l0 or m is Mode.AR]
         if not has_l0 and mode in (Mode.DRAFT_ONLY,):
             return self._ran(Structure(mode, settings.gamma1, settings.gamma2))
+        rates = {b: a.rate for b, a in self.acceptance.items()}
+        if (self._settled and self.current is not None and self.current.mode in modes
+                and self._since_score < RESCORE_EVERY
+                and all(abs(rates[b] - r) < SHIFT for b, r in self._scored_rates.items())):
+            self._since_score += 1  # nothing moved: scoring ~130 structures again would cost a few ms
+            return self._ran(self.current)
+        self._since_score, self._scored_rates = 1, rates
         scored = [self._best_of(m, settings) for m in modes]
         scored = [(ms, s) for ms, s in scored if ms is not None]
         if not scored:  # nothing timed yet: one plain step measures the target
             return self._ran(Structure(Mode.AR) if mode is Mode.AUTO else Structure(mode, settings.gamma1, settings.gamma2))
         self.candidates = tuple(CandidateCost(s.label, ms * 1000.0, self._explored(s.mode)) for ms, s in scored)
         best_ms, best = min(scored, key=lambda x: x[0])
+        self._settled = False
         for ms, s in scored:  # bounded exploration of structures never measured
             if self.tried.get(s.mode, 0) < EXPLORE_CYCLES and not self._explored(s.mode) and ms <= EXPLORE_MARGIN * best_ms:
                 return self._ran(s)
+        self._settled = True
         if self.current is not None and self.current.mode in modes:
             now = next((ms for ms, s in scored if s.mode is self.current.mode), None)
             if now is not None and best.mode is not self.current.mode and best_ms > SWITCH_GAIN * now:
@@ -186,7 +220,7 @@ class Policy:
         elif acc.rate > 0.95 and c1 > 0.5 * c2 and budget >= 4 * chunk:
             new = budget // 2 // chunk * chunk
         if new != budget:
-            self.costs.table["l1"].clear()  # L1's cost changes with its size: measure it again
+            self.costs.forget("l1")  # L1's cost changes with its size: measure it again
         return new
 
     def _ran(self, chosen: Structure) -> Structure:
@@ -210,6 +244,12 @@ class Policy:
 
     # --- the cost model ------------------------------------------------------------------------
     def _c(self, level: str, tokens: int) -> float | None:
+        key = (level, tokens)
+        if key not in self._memo:  # one choice scores ~130 structures over the same few inputs
+            self._memo[key] = self._c_fresh(level, tokens)
+        return self._memo[key]
+
+    def _c_fresh(self, level: str, tokens: int) -> float | None:
         got = self.costs.estimate(level, tokens)
         if got is None and level == "l1":
             l2 = self.costs.estimate("l2", tokens)
@@ -219,6 +259,11 @@ class Policy:
         return got
 
     def _rate(self, boundary: str) -> float:
+        if boundary not in self._memo:
+            self._memo[boundary] = self._rate_fresh(boundary)
+        return self._memo[boundary]
+
+    def _rate_fresh(self, boundary: str) -> float:
         acc = self.acceptance
         if boundary == "l0_l2" and not acc["l0_l2"].known and acc["l0_l1"].known:
             return acc["l0_l1"].rate * acc["l1_l2"].rate  # L0 vs the target ~ L0 vs L1, then L1 vs L2
@@ -227,6 +272,11 @@ class Policy:
         return acc[boundary].rate
 
     def _hit(self) -> float:
+        if "hit" not in self._memo:
+            self._memo["hit"] = self._hit_fresh()
+        return self._memo["hit"]
+
+    def _hit_fresh(self) -> float:
         acc = self.acceptance
         return acc["l0_l1"].hit if acc["l0_l1"].proposals >= acc["l0_l2"].proposals else acc["l0_l2"].hit
 

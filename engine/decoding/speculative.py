@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.decoding.acceptance import verify
+from engine.decoding.acceptance import penalty_counts, verify
 from engine.decoding.drafters import Draft, Drafter, NoDrafter, RetrievalDrafter, l0_draft
 from engine.decoding.policy import Policy, StepCosts, Structure
 from engine.events import Level, LevelStats
@@ -80,6 +80,7 @@ class HierarchicalDecoder:
         self.rebuilds = 0
         self._budget: int | None = None  # the policy's retrieval budget (None: the settings')
         self.l1_verify = verify  # the acceptance rule at L1 (tests swap in a known-buggy variant)
+        self.answer_start: int | None = None  # seq[answer_start:] is the answer (the repetition penalty counts it)
 
     # --- retrieval cache management ------------------------------------------------------------
     def budget(self) -> int:
@@ -94,6 +95,8 @@ class HierarchicalDecoder:
         (under auto: lazily, before the first cycle that uses L1)."""
         self._prompt_query = prompt_query
         self._recent_l2.clear()
+        self.answer_start = self.full.length  # the cache holds the prompt: the answer starts after it
+        self.policy.new_turn()
         if self._policy_learns():  # each turn: the budget from what the last turns measured
             current = self.budget()
             fits = self.full.length // self.settings.chunk * self.settings.chunk
@@ -160,7 +163,7 @@ class HierarchicalDecoder:
         draft = l0_draft([], None)
         if drafter is not None:
             t0 = time.perf_counter()
-            draft = drafter.propose(seq, count, self.settings.sampling, self.generator)
+            draft = drafter.propose(seq, count, self.settings.sampling, self.generator, self.answer_start)
             if not isinstance(drafter, RetrievalDrafter):  # L1 times its own forwards
                 self.timed("l0", count, time.perf_counter() - t0)
         out = self._verify_l2(seq, draft)
@@ -209,7 +212,9 @@ class HierarchicalDecoder:
         positions = torch.arange(start, start + len(drafts) + 1, device=self.runner.device)
         t2 = time.perf_counter()
         logits = self.runner.forward(tokens, positions, self.full)  # [k+1, V]
-        verdict = verify(drafts, draft.probs, logits, self.settings.sampling, self.generator)
+        answer = seq[self.answer_start:] if self.answer_start is not None else []
+        counts = penalty_counts(self.settings.sampling, answer, drafts, logits.shape[-1], logits.device)  # [k+1, V]
+        verdict = verify(drafts, draft.probs, logits, self.settings.sampling, self.generator, counts=counts)
         self.timed("l2", len(drafts) + 1, time.perf_counter() - t2)
         self.full.rollback(start + 1 + verdict.accepted)
         self.stats.verifications += 1
