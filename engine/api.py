@@ -62,16 +62,19 @@ class Engine:
     """Opens sessions. One per front end; holds only configuration, never a model."""
 
     def __init__(self, devices: str = "auto", *, snapshots: bool = True,
-                 snapshot_cap_bytes: int = SNAPSHOT_CACHE_BYTES, first_cache_tokens: int | None = 16384) -> None:
+                 snapshot_cap_bytes: int = SNAPSHOT_CACHE_BYTES, first_cache_tokens: int | None = 16384,
+                 cuda_graphs: bool = False) -> None:
         """devices: "auto" (the planner places weights and KV on the CUDA cards torch sees, or the
         CPU), or one device ("cpu", "cuda:1") used as it is, without planning.
         snapshots: keep prefilled books as KV snapshots on disk (at most snapshot_cap_bytes).
         first_cache_tokens: on a GPU, a session's full cache starts this big and grows with the chat
-        (None: reserve the whole capacity at once)."""
+        (None: reserve the whole capacity at once).
+        cuda_graphs: replay fixed-shape steps from CUDA graphs (opt-in until measured on a GPU)."""
         self.devices = devices
         self.snapshots = snapshots
         self.snapshot_cap_bytes = snapshot_cap_bytes
         self.first_cache_tokens = first_cache_tokens
+        self.cuda_graphs = cuda_graphs
 
     # --- the two halves of open ------------------------------------------------------------------
     @staticmethod
@@ -129,7 +132,7 @@ class Engine:
             factory = cache_factory_for_plan(placement)
         first = self.first_cache_tokens if growable else None
         session = ChatSession(target, settings, draft=draft, capacity=capacity, snapshots=snapshots,
-                              cache_factory=factory, initial_capacity=first)
+                              cache_factory=factory, initial_capacity=first, cuda_graphs=self.cuda_graphs)
         session.placement = placement
         return session
 

@@ -178,7 +178,7 @@ def test_chat_streams_and_reports_stats_with_placement(tiny_model_dir) -> None:
                 "--no-save", "--no-snapshot", "--stats")
     assert r.returncode == 0, r.stderr
     stats = json.loads(r.stderr.strip().splitlines()[-1])
-    assert stats["new_tokens"] == 6 and stats["mode"] == "triforce"
+    assert stats["new_tokens"] == 6 and stats["mode"] == "auto"  # the default: auto picks the structure
     assert stats["placement"] == {"weights": "cpu", "kv_layers_offloaded": 0, "plan": None}  # no GPU here
 
 

@@ -39,14 +39,17 @@ class ChatSession:
 
     def __init__(self, target: LoadedModel, settings: DecodeSettings = DecodeSettings(), *,
                  draft: LoadedModel | str = "ngram", capacity: int | None = None, snapshots=None,
-                 cache_factory=None, initial_capacity: int | None = None) -> None:
+                 cache_factory=None, initial_capacity: int | None = None, cuda_graphs: bool = False) -> None:
         """capacity: the most tokens the conversation may hold (default: the model's context).
         initial_capacity: start the full cache this small and grow it (to `capacity` at most) when
         a turn needs more, so a short chat does not reserve, or offload, a 128K-token cache.
         cache_factory: `(runner, capacity) -> FullCache`, where the full cache goes (default: the
         runner's own card). It is called again with the new size when the cache grows, so offloading
         can follow the size: engine.model.placement.GpuPlacement.cache_factory() re-plans per size,
-        engine.kv.offload.cache_factory_for_plan(plan) keeps one plan's offloaded layers."""
+        engine.kv.offload.cache_factory_for_plan(plan) keeps one plan's offloaded layers.
+        cuda_graphs: replay the fixed-shape steps (L0 draft, L1, on-chip L2 verification) from CUDA
+        graphs (engine.model.cuda_graphs); no effect off CUDA. Off by default until gpu-check has
+        measured it on a GPU."""
         self.target = target
         arch = target.runner.arch
         self.max_capacity = min(capacity or arch.max_context, arch.max_context)
@@ -63,7 +66,9 @@ class ChatSession:
         self._pending_lock = threading.Lock()
         self.drafter = self._make_drafter(draft)
         self.generator = torch.Generator(device="cpu")
-        self.decoder = HierarchicalDecoder(target.runner, self.full, self.drafter, settings, self.generator)
+        self._graphs = cuda_graphs
+        self.decoder = HierarchicalDecoder(self._runner(target.runner), self.full, self.drafter, settings,
+                                           self.generator)
         self._last_metrics: Metrics | None = None
         self.prefilled_tokens_total = 0  # tokens computed by prefill over the session's life (tests count reuse)
 
@@ -77,7 +82,15 @@ class ChatSession:
                 return NoDrafter()
             raise InvalidSettingError(f"draft {draft!r} is unknown: use a model, 'ngram' or 'none'")
         ModelDrafter.check_compatible(self.target.tokenizer, draft.tokenizer)
-        return ModelDrafter(draft.runner, s.draft_sinks, s.draft_window)
+        return ModelDrafter(self._runner(draft.runner), s.draft_sinks, s.draft_window)
+
+    def _runner(self, runner):
+        """The runner the decoder and drafter call: wrapped for CUDA graphs when asked (and on CUDA)."""
+        if not getattr(self, "_graphs", False):
+            return runner
+        from engine.model.cuda_graphs import with_graphs
+
+        return with_graphs(runner)
 
     @property
     def settings(self) -> DecodeSettings:

@@ -17,6 +17,7 @@ eagerly on the CPU, so tests check it against the dynamic forward there.
 """
 from __future__ import annotations
 
+import logging
 import weakref
 
 import torch
@@ -28,6 +29,7 @@ from engine.kv.rope import rotate
 from engine.kv.streaming import StreamingCache
 from engine.model.runner import LlamaRunner, linear, rms_norm
 
+log = logging.getLogger(__name__)
 MAX_GRAPHED_TOKENS = 33  # decode, L1 and verification shapes; prefill chunks stay eager
 
 
@@ -85,7 +87,13 @@ class GraphedForward:
             return self.runner.forward(tokens, positions, self.cache, last_only)
         length = torch.tensor([self.cache.length], device=self.device)
         if self.use_graphs:
-            logits = self._replay(tokens, positions, length, last_only)
+            try:
+                logits = self._replay(tokens, positions, length, last_only)
+            except RuntimeError as exc:  # capture not supported here (driver, allocator): eager from now on
+                log.warning("CUDA graph capture failed (%s): this cache runs eagerly", exc)
+                self.kind, self._graphs = None, {}
+                self.eager_calls += 1
+                return self.runner.forward(tokens, positions, self.cache, last_only)
         else:
             logits = self._static(tokens.to(self.device), positions.to(self.device), length, last_only)
         self.cache._new = n
