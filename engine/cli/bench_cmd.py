@@ -89,9 +89,14 @@ def run(args: argparse.Namespace) -> int:
             report["date"] = time.strftime("%Y-%m-%d")
             print(format_report(report), flush=True)
             reports.append(report)
+            if args.json:  # after every cell: a long curve interrupted late still leaves its numbers
+                _write(args.json, reports)
     peers.close_llama()
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(reports[0] if len(reports) == 1 else reports, fh, indent=2)
         print(f"wrote {args.json}")
     return 0
+
+
+def _write(path: str, reports: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(reports[0] if len(reports) == 1 else reports, fh, indent=2)
