@@ -26,7 +26,7 @@ from engine.decoding.passage_fit import FitResult, fit_prompt  # noqa: F401 - bo
 from engine.errors import Cancelled
 from engine.settings import DecodeSettings
 from engine.store.chats import ChatStore, ChatSummary, Message, StoredDocument
-from engine.store.paths import SNAPSHOT_CACHE_BYTES, app_home
+from engine.store.paths import SNAPSHOT_CACHE_BYTES, app_home, model_cache_dir
 from engine.store.presets import BUNDLED_ID, PRESETS
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BUNDLED_ID", "MAX_DOCUMENT_BYTES", "PRESETS", "SNAPSHOT_CACHE_BYTES", "Cancelled", "ChatStore",
            "ChatSummary", "Engine", "Message", "OpenedModel", "StoredDocument", "app_home", "describe_plan",
-           "list_local_models", "preview_plan", "read_document", "sample_memory", "shape_for"]
+           "list_local_models", "model_cache_dir", "preview_plan", "read_document", "sample_memory", "shape_for"]
 
 Progress = Callable[[str, float | None], None]
 DRAFTERS_WITHOUT_MODEL = ("ngram", "none")

@@ -31,7 +31,16 @@ class InvalidSettingError(UserError, ValueError):
 
 
 class ContextOverflowError(UserError):
-    """Document + history + answer do not fit the model's context or the reserved cache."""
+    """Document + history + answer do not fit the model's context or the reserved cache.
+
+    Where known, the numbers ride along (a front end words its choices from them, not from the
+    message): prompt_tokens, answer_tokens (reserved for the answer), context_tokens (the most the
+    model or cache holds)."""
+
+    def __init__(self, message: str, *, prompt_tokens: int | None = None, answer_tokens: int | None = None,
+                 context_tokens: int | None = None) -> None:
+        super().__init__(message)
+        self.prompt_tokens, self.answer_tokens, self.context_tokens = prompt_tokens, answer_tokens, context_tokens
 
 
 class OutOfMemoryPlanError(UserError):

@@ -112,3 +112,15 @@ def test_each_job_has_its_own_cancel_token(tiny_dir):
 
 def test_cancellations_share_one_base_class():
     assert issubclass(ReadCancelled, Cancelled) and issubclass(ResolveCancelled, Cancelled)
+
+
+def test_an_overflow_carries_its_numbers(tiny_dir):
+    from engine.errors import ContextOverflowError
+
+    engine = Engine(devices="cpu", snapshots=False)
+    session = engine.session(load_folder(tiny_dir, device="cpu"), SETTINGS, capacity=64)
+    with pytest.raises(ContextOverflowError) as caught:
+        session.check_fits([ChatMessage("user", "word " * 80)])
+    err = caught.value
+    assert err.context_tokens == 64 and err.answer_tokens == SETTINGS.max_new_tokens
+    assert err.prompt_tokens + err.answer_tokens > 64 and f"{err.prompt_tokens:,} prompt tokens" in str(err)

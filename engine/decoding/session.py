@@ -157,7 +157,8 @@ class ChatSession:
             raise ContextOverflowError(
                 f"the conversation needs {prompt_len:,} prompt tokens + {answer:,} for the answer = "
                 f"{prompt_len + answer:,}, but this model's context holds {self.max_capacity:,}: remove a document, "
-                f"start a new chat, lower the answer length, or pick a model with a longer context")
+                f"start a new chat, lower the answer length, or pick a model with a longer context",
+                prompt_tokens=prompt_len, answer_tokens=answer, context_tokens=self.max_capacity)
 
     GROW_STEP = 4096  # grown caches are a multiple of this many tokens
 
