@@ -127,5 +127,19 @@ class AcceptancePanel(Card):
         s["per_verify"].setText("–" if m.mean_accepted_per_verify is None else f"{m.mean_accepted_per_verify:.2f}")
         s["tokens"].setText(f"{m.new_tokens:,}")
         s["mode"].setText(m.mode)
-        self.summary.setText(f"engine: {m.settings_summary}" if m.settings_summary else "")
+        self.summary.setText("\n".join(summary_lines(m)))
         self.summary.setToolTip(self.summary.text())
+
+
+def summary_lines(m: Metrics) -> list[str]:
+    """What the engine runs now: the settings, and under auto the structure it picked and the
+    expected ms/token of every structure it weighed (fastest first; "~" where still a prior)."""
+    lines = [f"engine: {m.settings_summary}"] if m.settings_summary else []
+    if m.structure:
+        switched = f" (switched {m.structure_switches}×)" if m.structure_switches else ""
+        lines.append(f"running: {m.structure}{switched}")
+    if m.candidates:
+        ranked = sorted(m.candidates, key=lambda c: c.ms_per_token)
+        lines.append("weighed: " + ", ".join(f"{c.structure} {'' if c.measured else '~'}{c.ms_per_token:.0f} ms"
+                                             for c in ranked))
+    return lines

@@ -397,3 +397,20 @@ def test_cancelling_while_a_pdf_is_read_is_not_an_error(qtbot, make_window, tmp_
     drop_files(window, [path])
     qtbot.waitUntil(lambda: not window.is_busy(), timeout=10_000)
     assert errors == [] and window.chips.chips == [] and not window.prefill_strip.isVisible()
+
+
+def test_live_panel_shows_what_auto_runs_and_what_it_weighed(qtbot):
+    from app.panels.acceptance_panel import AcceptancePanel
+    from engine.events import CandidateCost, Metrics
+
+    panel = AcceptancePanel()
+    qtbot.addWidget(panel)
+    m = Metrics(mode="auto", prompt_tokens=10, new_tokens=20, prefill_tokens=10, prefill_tokens_per_s=100.0,
+                decode_tokens_per_s=12.0, time_to_first_token_s=0.5, settings_summary="auto budget=64",
+                structure="draft-only g1=4", structure_switches=2,
+                candidates=(CandidateCost("ar", 80.0), CandidateCost("draft-only g1=4", 41.5),
+                            CandidateCost("triforce g1=2 g2=6", 60.0, measured=False)))
+    panel.update_metrics(m)
+    text = panel.summary.text()
+    assert "running: draft-only g1=4 (switched 2×)" in text
+    assert "weighed: draft-only g1=4 42 ms, triforce g1=2 g2=6 ~60 ms, ar 80 ms" in text
