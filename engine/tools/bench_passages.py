@@ -39,26 +39,29 @@ def run_passages_bench(model: LoadedModel, document: DocumentText, settings: Dec
                                 settings.max_new_tokens)
             fit_s = time.perf_counter() - started
             session = ChatSession(model, settings, draft=draft, capacity=context)
-            first_s, text, prefilled = None, "", 0
+            first_s, text, prefilled, prefill_rate = None, "", 0, None
             for event in session.stream(messages, list(fitted.documents)):
                 if isinstance(event, TokenText) and first_s is None:
                     first_s = time.perf_counter() - started
                 elif isinstance(event, Finished):
                     text, prefilled = event.text, event.metrics.prefill_tokens
+                    prefill_rate = event.metrics.prefill_tokens_per_s
             selection = fitted.selections[0]
             cited = next((p.label for p in selection.passages if needle in p.text), None)
             runs.append({"question": question, "time_to_first_token_s": first_s, "fit_s": fit_s,
                          "prompt_tokens": fitted.prompt_tokens, "prefill_tokens": prefilled,
+                         "prefill_tokens_per_s": prefill_rate, "load_average": os.getloadavg()[0],
                          "passages_used": len(selection.passages), "passages_total": selection.total_passages,
                          "answer_passage_cited": cited, "answer": text})
-            log(f"{first_s:.1f} s to first token (fit {fit_s:.2f} s, {prefilled:,} tokens prefilled, "
+            log(f"{first_s:.1f} s to first token (fit {fit_s:.2f} s, {prefilled:,} tokens prefilled at "
+                f"{prefill_rate or 0:.0f} tok/s, load average {os.getloadavg()[0]:.1f}, "
                 f"{len(selection.passages)} of {selection.total_passages} passages; answer passage "
                 f"{'cited: ' + cited if cited else 'NOT cited'}): {question}")
     times = [r["time_to_first_token_s"] for r in runs]
-    return {
+    return {  # a shared machine's load slows every run: the load average is part of the number
         "model": model.model_id, "document": document.title,
         "document_tokens": len(model.tokenizer(document.text, add_special_tokens=False)["input_ids"]),
-        "context_tokens": context, "threads": os.cpu_count(), "load_before": os.getloadavg()[0],
+        "context_tokens": context, "cpus": os.cpu_count(), "load_after": os.getloadavg()[0],
         "median_time_to_first_token_s": statistics.median(times), "max_time_to_first_token_s": max(times),
         "min_time_to_first_token_s": min(times),
         "answer_passage_cited": sum(1 for r in runs if r["answer_passage_cited"]), "runs": runs,
@@ -71,9 +74,11 @@ def format_passages_report(report: dict) -> str:
              f"tokens, context {report['context_tokens']:,}) with --fit passages, fresh session each run: "
              f"median {report['median_time_to_first_token_s']:.1f} s (min {report['min_time_to_first_token_s']:.1f}, "
              f"max {report['max_time_to_first_token_s']:.1f}; {len(report['runs'])} runs); "
-             f"answer passage cited in {report['answer_passage_cited']} of {len(report['runs'])}"]
+             f"answer passage cited in {report['answer_passage_cited']} of {len(report['runs'])}; "
+             f"load average {report['load_after']:.1f} on {report['cpus']} CPUs"]
     for r in report["runs"]:
-        lines.append(f"  {r['time_to_first_token_s']:.1f} s  {r['prefill_tokens']:,} prefilled  "
+        lines.append(f"  {r['time_to_first_token_s']:.1f} s  {r['prefill_tokens']:,} prefilled at "
+                     f"{r['prefill_tokens_per_s'] or 0:.0f} tok/s  "
                      f"{r['question']}\n    -> {' '.join(r['answer'].split())[:200]}")
     return "\n".join(lines)
 
