@@ -186,3 +186,20 @@ def test_the_fit_is_kept_with_the_chat_and_exported(tmp_path):
     with pytest.raises(ValueError):
         store.set_document_fit(chat.id, other.sha256, "half")
     store.close()
+
+
+def test_bench_workload_cites_the_answer_passage_of_each_last_act_question(tiny_model_dir):
+    """The `bench --workload passages` runner, on a tiny model: every run reaches its first token,
+    prefills only the selected passages, and cites the passage that holds the answer."""
+    from engine.model.loading import load_folder
+    from engine.settings import DecodeSettings
+    from engine.tools.bench_passages import LAST_ACT_QUESTIONS, format_passages_report, run_passages_bench
+
+    model = load_folder(tiny_model_dir("llama"), device="cpu")
+    report = run_passages_bench(model, read_document(HAMLET), DecodeSettings(mode="ar", max_new_tokens=4),
+                                draft="none", log=lambda _m: None)
+    assert len(report["runs"]) == len(LAST_ACT_QUESTIONS) and report["document_tokens"] > 40_000
+    for run in report["runs"]:
+        assert run["time_to_first_token_s"] > 0 and 2_000 < run["prefill_tokens"] <= 8192 - 4 - 64
+        assert run["answer_passage_cited"] and run["answer_passage_cited"].startswith("ACT V")
+    assert report["answer_passage_cited"] == 3 and "median" in format_passages_report(report)
