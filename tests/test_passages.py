@@ -10,7 +10,7 @@ import pytest
 from engine.decoding.passage_fit import fit_prompt
 from engine.documents import read_document
 from engine.documents.passages import (fit_documents, rank_passages, render_selection, select_passages,
-                                       split_passages, token_counter)
+                                       split_passages)
 from engine.errors import ContextOverflowError
 from engine.events import ChatMessage, DocumentText
 from tests.conftest import SAMPLE_DIR
