@@ -16,7 +16,7 @@ from engine.decoding.session import ChatSession
 from engine.errors import UnsupportedModelError
 from engine.events import ChatMessage, DocumentText
 from engine.model.loading import load_folder
-from engine.model.quant import CACHE_FILE, QuantWeight, dequantize_blocks, unpermute_rows
+from engine.model.quant import CACHE_FILE, DENSE_ABOVE, QuantWeight, dequantize_blocks, unpermute_rows
 from engine.settings import DecodeSettings
 from streams import answer_tokens
 from test_lossless import TINY_SETTINGS, assert_identical_or_near_tie
@@ -70,6 +70,27 @@ def test_a_row_does_not_depend_on_how_many_tokens_share_the_forward(kind):
     together = weight.matmul(x)
     for start, size in ((0, 1), (4, 1), (2, 3), (1, 8)):
         assert torch.equal(weight.matmul(x[start:start + size]), together[start:start + size])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prefill_chunk_runs_the_oracles_arithmetic(kind):
+    """Above DENSE_ABOVE tokens (prefill chunks) the blocks are widened once: exactly x @ W.T."""
+    weight = QuantWeight(kind, _blocks(kind, 64, 96), 96)
+    x = torch.randn(DENSE_ABOVE + 1, 96)
+    assert torch.equal(weight.matmul(x), torch.nn.functional.linear(x, weight.dequantize()))
+
+
+def test_no_verification_forward_leaves_the_kernel():
+    """Decoding and every verification forward must share one arithmetic: the largest speculation
+    the settings accept stays at or below DENSE_ABOVE tokens, and larger gammas are refused."""
+    from engine.errors import InvalidSettingError
+    from engine.settings import MAX_DRAFT
+
+    largest = DecodeSettings(mode="triforce", gamma1=MAX_DRAFT, gamma2=32)
+    largest.validate()
+    assert largest.speculation_tokens() <= DENSE_ABOVE
+    with pytest.raises(InvalidSettingError):
+        largest.replace(gamma2=33).validate()
 
 
 def test_unpermute_rows_undoes_the_converters_qk_interleave():
