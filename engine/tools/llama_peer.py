@@ -5,17 +5,36 @@ dependency of the app; this file imports nothing from the engine, and no torch).
 
 reads one JSON request a line on stdin, {"prompt": [token ids], "new_tokens": N}, and answers one
 JSON line: {"tokens": [...], "ms_per_token": x, "first_token_s": y}. Greedy; ms/token leaves out
-the prefill and the first token, as the engine's bench does. The prompt's prefix stays in
+the prefill and the first token, as the engine's bench does. TRIFORCE_LLAMA_EXTRA_BUFFERS=1 keeps
+llama.cpp's repacked/AMX weight buffers (off by default: AMX faults in VMs that hide it). The prompt's prefix stays in
 llama.cpp's KV between requests (only the last prompt token is recomputed), like our session.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 
+def _without_extra_buffers() -> None:
+    """Load models without llama.cpp's extra buffer types (weight repacking, AMX tiles): a CPU that
+    reports AMX inside a VM that does not enable it faults on the first tile instruction."""
+    import llama_cpp.llama_cpp as api
+
+    defaults = api.llama_model_default_params
+
+    def params():
+        p = defaults()
+        p.use_extra_bufts = False
+        return p
+
+    api.llama_model_default_params = params
+
+
 def main() -> int:
+    if os.environ.get("TRIFORCE_LLAMA_EXTRA_BUFFERS", "0") != "1":
+        _without_extra_buffers()
     from llama_cpp import Llama
 
     path, n_ctx, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
