@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from engine.errors import ContextOverflowError, InvalidSettingError, ModelFormatError
+from engine.errors import InvalidSettingError, ModelFormatError
 from engine.events import ChatMessage, DocumentText, Finished, PrefillProgress, TokenText
 from engine.settings import MODES, DecodeSettings, Sampling
 
@@ -67,6 +67,9 @@ def register(subparsers) -> None:
     parser.add_argument("--stats", action="store_true", help="print one JSON object of statistics to stderr")
     parser.add_argument("--progress", action="store_true", help="show prefill progress on stderr")
     add_decode_arguments(parser)
+    from engine.cli.fit import add_fit_argument
+
+    add_fit_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -107,20 +110,17 @@ def run(args: argparse.Namespace) -> int:
     # resolve specs before importing torch/transformers, so a wrong spec fails in a blink
     target_folder = resolve_model(args.model, progress=_progress_printer(args))
     draft_folder = None if args.draft in ("ngram", "none") else resolve_model(args.draft)
-    from engine.model.loading import load_folder, load_tokenizer
+    from engine.model.loading import load_folder
     from engine.model.placement import Placement, plan_for_folders
-    from engine.decoding.prompt import render_tokens
     from engine.decoding.session import ChatSession
+    from engine.cli.fit import document_fits, fit_conversation, fit_stats, print_passages, remember_fits
 
-    tokenizer = load_tokenizer(target_folder.path)  # the prompt's length sizes the plan and the cache
-    prompt_len = len(render_tokens(tokenizer, messages, documents, args.system))
+    # the prompt's length sizes the plan and the cache: each document whole (refused, exit 2, when it
+    # cannot fit) or as its passages most relevant to the question (--fit passages)
     max_context = _max_context(target_folder.path)
-    needed = prompt_len + args.max_new_tokens
-    if needed > max_context:
-        raise ContextOverflowError(
-            f"the prompt is {prompt_len:,} tokens and the answer may take {args.max_new_tokens:,} more "
-            f"({needed:,}), but {target_folder.name} holds {max_context:,}: shorten the document, lower "
-            f"--max-new-tokens, or pick a model with a longer context")
+    fits = document_fits(args, store, chat_id, len(documents) - len(new_docs), len(new_docs))
+    fitted = fit_conversation(args, target_folder, messages, documents, fits, max_context)
+    prompt_len, needed = fitted.prompt_tokens, fitted.prompt_tokens + args.max_new_tokens
     settings = build_settings(args, prompt_len)
     capacity = min(max_context, needed + 64)
     # on a GPU machine: plan where weights and KV go (one card, layer split or tensor parallel,
@@ -143,13 +143,17 @@ def run(args: argparse.Namespace) -> int:
     # the question and the growing answer are saved as one turn; Ctrl+C or SIGTERM keeps what printed
     from engine.cli.answer_out import AnswerPrinter, stream_turn
 
-    final, chat_id = stream_turn(session.stream(messages, documents, args.system), AnswerPrinter(args.progress),
-                                 store, chat_id, args.ask, new_docs, args.model, stats_of=_stats)
+    final, chat_id = stream_turn(session.stream(messages, list(fitted.documents), args.system),
+                                 AnswerPrinter(args.progress), store, chat_id, args.ask, new_docs, args.model,
+                                 stats_of=lambda final, chat: _stats(final, chat) | fit_stats(fitted, fits, documents),
+                                 on_chat=lambda chat: remember_fits(store, chat, documents, fits))
     if args.stats:
         where = {"weights": target.where,
                  "kv_layers_offloaded": plan.kv_layers_offloaded if plan is not None else 0,
                  "plan": plan.mode if plan is not None else None}
-        print(json.dumps({**_stats(final, chat_id), "placement": where}), file=sys.stderr)
+        print_passages(fitted)
+        print(json.dumps({**_stats(final, chat_id), "placement": where, **fit_stats(fitted, fits, documents)}),
+              file=sys.stderr)
     return 0
 
 
