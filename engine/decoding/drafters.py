@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from engine.decoding.acceptance import sample_token, target_probs
+from engine.decoding.acceptance import penalty_counts, sample_token, target_probs
 from engine.events import Level
 from engine.kv.streaming import StreamingCache
 from engine.errors import IncompatibleDraftError
@@ -42,7 +42,9 @@ class Drafter(Protocol):
     runs_model: bool  # True when proposing costs model forwards (its time is worth measuring)
 
     def propose(self, seq: list[int], count: int, sampling: Sampling,
-                generator: torch.Generator | None) -> Draft: ...
+                generator: torch.Generator | None, answer_start: int | None = None) -> Draft:
+        """`count` guesses after `seq`; seq[answer_start:] is the answer so far, which the
+        repetition penalty counts (None: no answer yet), so that every level warps alike."""
 
     def reset(self) -> None: ...
 
@@ -64,7 +66,7 @@ class NoDrafter:
     runs_model = False
 
     def propose(self, seq: list[int], count: int, sampling: Sampling,
-                generator: torch.Generator | None) -> Draft:
+                generator: torch.Generator | None, answer_start: int | None = None) -> Draft:
         return l0_draft([], None)
 
     def reset(self) -> None:
@@ -104,7 +106,7 @@ class NgramDrafter:
         self._indexed = max(self._indexed, limit + 1)
 
     def propose(self, seq: list[int], count: int, sampling: Sampling,
-                generator: torch.Generator | None) -> Draft:
+                generator: torch.Generator | None, answer_start: int | None = None) -> Draft:
         if count <= 0 or len(seq) < self.min_n + 1:
             return l0_draft([], None)
         self._sync(seq)
@@ -178,7 +180,7 @@ class ModelDrafter:
         return common_prefix(seen, seq)
 
     def propose(self, seq: list[int], count: int, sampling: Sampling,
-                generator: torch.Generator | None) -> Draft:
+                generator: torch.Generator | None, answer_start: int | None = None) -> Draft:
         if count <= 0 or not seq:
             return l0_draft([], None)
         held = min(self._held_prefix(seq), len(seq) - 1)
@@ -193,8 +195,12 @@ class ModelDrafter:
         self._seen.extend(seq[len(self._seen):])
         drafts: list[int] = []
         rows: list[torch.Tensor] = []
+        answer = seq[answer_start:] if answer_start is not None else []
+        counts = penalty_counts(sampling, answer, [], logits.shape[-1], logits.device)  # [1, V] or None
         for i in range(count):
-            token, probs = sample_token(logits, sampling, generator)
+            token, probs = sample_token(logits, sampling, generator, counts)
+            if counts is not None:
+                counts[0, token] += 1  # the next draft's penalty counts this one
             drafts.append(token)
             if probs is not None:
                 rows.append(probs)
@@ -229,7 +235,7 @@ class RetrievalDrafter:
         return self.inner.cache_stats()
 
     def propose(self, seq: list[int], count: int, sampling: Sampling,
-                generator: torch.Generator | None) -> Draft:
+                generator: torch.Generator | None, answer_start: int | None = None) -> Draft:
         """At least `count` tokens (a last L1 forward may accept past it), as the level above wants."""
         if count <= 0:
             return Draft([], None, [])
@@ -242,7 +248,7 @@ class RetrievalDrafter:
         while len(drafts) < count:
             k = min(self.gamma1, count - len(drafts)) if use_l0 else 0
             t0 = time.perf_counter()
-            inner = self.inner.propose(local, k, sampling, generator) if k else l0_draft([], None)
+            inner = self.inner.propose(local, k, sampling, generator, answer_start) if k else l0_draft([], None)
             if k:
                 self.meter.timed("l0", k, time.perf_counter() - t0)
             d0 = inner.tokens
@@ -252,8 +258,11 @@ class RetrievalDrafter:
             held = r.length
             t1 = time.perf_counter()
             logits = self.runner.forward(tokens, positions, r)  # [k+1, V]
-            p1 = None if sampling.greedy else target_probs(logits, sampling)  # [k+1, V]
-            verdict = self.verify_rule(d0, inner.probs, logits, sampling, generator, target=p1)
+            answer = local[answer_start:] if answer_start is not None else []
+            counts = penalty_counts(sampling, answer, d0, logits.shape[-1], logits.device)  # [k+1, V] or None
+            p1 = None if sampling.greedy else target_probs(logits, sampling, counts)  # [k+1, V]
+            penalty = {} if counts is None else {"counts": counts}
+            verdict = self.verify_rule(d0, inner.probs, logits, sampling, generator, target=p1, **penalty)
             self.meter.timed("l1", len(d0) + 1, time.perf_counter() - t1)
             r.rollback(held + 1 + verdict.accepted)  # keep the pending token and the accepted drafts
             if use_l0:
