@@ -6,12 +6,16 @@ kept in the chat store, so `--chat ID` continues one (also one the app made).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from engine.errors import InvalidSettingError, ModelFormatError
 from engine.events import ChatMessage, DocumentText, Finished, PrefillProgress, TokenText
-from engine.settings import MODES, DecodeSettings, Sampling
+from engine.settings import (
+    DEFAULT_FREQUENCY_PENALTY, DEFAULT_PRESENCE_PENALTY, FALLBACK_SAMPLING, MODES, DecodeSettings, Sampling,
+    recommended_sampling,
+)
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +31,9 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--auto", action="store_true", help="auto-tune gamma1/gamma2/budget from measured speed")
 
 
-def build_settings(args: argparse.Namespace, context_tokens: int) -> DecodeSettings:
-    """Settings from CLI args; the retrieval budget defaults to ~1/8 of the context, multiple of chunk."""
+def build_settings(args: argparse.Namespace, context_tokens: int, recommended: Sampling | None = None) -> DecodeSettings:
+    """Settings from CLI args; the retrieval budget defaults to ~1/8 of the context, multiple of chunk.
+    Sampling flags left out take `recommended` (the model's, see recommended_sampling)."""
     chunk = args.chunk
     if not 1 <= chunk <= 1024:  # checked before the budget is sized from it (chunk 0 divided by zero)
         raise InvalidSettingError(f"--chunk {chunk} is out of range: use 1 to 1024 tokens")
@@ -42,12 +47,29 @@ def build_settings(args: argparse.Namespace, context_tokens: int) -> DecodeSetti
         gamma2=defaults.gamma2 if args.gamma2 is None else args.gamma2,
         max_new_tokens=getattr(args, "max_new_tokens", defaults.max_new_tokens),
         stop=tuple(getattr(args, "stop", None) or ()),
-        sampling=Sampling(temperature=getattr(args, "temperature", 0.0), top_p=getattr(args, "top_p", 1.0),
-                          top_k=getattr(args, "top_k", 0), seed=getattr(args, "seed", None)),
+        sampling=_sampling(args, recommended),
         auto=bool(getattr(args, "auto", False)),
     )
     settings.validate()  # a bad flag fails before any weight is read
     return settings
+
+
+def _sampling(args: argparse.Namespace, recommended: Sampling | None) -> Sampling:
+    """The sampling flags over `recommended`; a command without them (bench) decodes greedily."""
+    if not hasattr(args, "temperature"):
+        return Sampling(seed=getattr(args, "seed", None))
+    base = recommended or recommended_sampling(None)
+    chosen = {name: getattr(args, name) for name in ("temperature", "top_p", "top_k", "presence_penalty",
+                                                     "frequency_penalty") if getattr(args, name, None) is not None}
+    return dataclasses.replace(base, seed=getattr(args, "seed", None), **chosen)
+
+
+def _generation_config(folder) -> dict | None:
+    """The model folder's generation_config.json (its recommended sampling), if readable."""
+    try:
+        return json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def register(subparsers) -> None:
@@ -59,9 +81,16 @@ def register(subparsers) -> None:
     parser.add_argument("--no-save", action="store_true", help="do not keep this chat in the chat store")
     parser.add_argument("--no-snapshot", action="store_true", help="neither use nor save prefilled-book snapshots")
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    fallback = FALLBACK_SAMPLING
+    parser.add_argument("--temperature", type=float, default=None,
+                        help=f"0 = greedy (default: the model's recommended, from its generation_config.json, "
+                             f"else {fallback.temperature})")
+    parser.add_argument("--top-p", type=float, default=None, help=f"default: the model's, else {fallback.top_p}")
+    parser.add_argument("--top-k", type=int, default=None, help=f"0 = off (default: the model's, else {fallback.top_k})")
+    parser.add_argument("--presence-penalty", type=float, default=None,
+                        help=f"lower the logit of a token already in the answer, -2 to 2 (default {DEFAULT_PRESENCE_PENALTY})")
+    parser.add_argument("--frequency-penalty", type=float, default=None,
+                        help=f"... by this per occurrence, -2 to 2 (default {DEFAULT_FREQUENCY_PENALTY}; 0 = off)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--stats", action="store_true", help="print one JSON object of statistics to stderr")
@@ -121,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     fits = document_fits(args, store, chat_id, len(documents) - len(new_docs), len(new_docs))
     fitted = fit_conversation(args, target_folder, messages, documents, fits, max_context)
     prompt_len, needed = fitted.prompt_tokens, fitted.prompt_tokens + args.max_new_tokens
-    settings = build_settings(args, prompt_len)
+    settings = build_settings(args, prompt_len, recommended_sampling(_generation_config(target_folder.path)))
     capacity = min(max_context, needed + 64)
     # on a GPU machine: plan where weights and KV go (one card, layer split or tensor parallel,
     # offloaded KV layers) before any weight is read; raises with the numbers if it cannot fit
