@@ -5,6 +5,7 @@ exists, through `chat --model SPEC --ask hi` too.
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -212,3 +213,20 @@ def test_gui_library_check_skipped_offscreen_and_off_linux(monkeypatch: pytest.M
     assert len(entry.missing_gui_libraries(fail)) == len(entry.GUI_LIBRARIES)
     monkeypatch.setattr(sys, "platform", "win32")
     assert entry.missing_gui_libraries(fail) == []
+
+
+def test_chat_sampling_defaults_to_the_models_recommendation_with_a_penalty() -> None:
+    from engine.cli import build_parser
+    from engine.cli.chat_cmd import build_settings
+    from engine.settings import DEFAULT_FREQUENCY_PENALTY, Sampling, recommended_sampling
+
+    recommended = recommended_sampling({"do_sample": True, "temperature": 0.6, "top_p": 0.9})
+    args = build_parser().parse_args(["chat", "--ask", "x"])
+    sampling = build_settings(args, 1000, recommended).sampling
+    assert (sampling.temperature, sampling.top_p, sampling.frequency_penalty) == (0.6, 0.9, DEFAULT_FREQUENCY_PENALTY)
+    args = build_parser().parse_args(["chat", "--ask", "x", "--temperature", "0", "--frequency-penalty", "0",
+                                      "--presence-penalty", "0.5", "--seed", "3"])
+    sampling = build_settings(args, 1000, recommended).sampling
+    assert sampling == Sampling(temperature=0.0, top_p=0.9, top_k=0, seed=3, presence_penalty=0.5)
+    bench_like = argparse.Namespace(mode="ar", budget=None, chunk=16, gamma1=None, gamma2=None)
+    assert build_settings(bench_like, 1000).sampling == Sampling()  # benchmarks stay greedy, unpenalized
