@@ -41,7 +41,7 @@ def tiny_model(dest: Path) -> Path:
     return dest
 
 
-def passage(dest: Path, chars: int = 6000) -> Path:
+def passage(dest: Path, chars: int = 3000) -> Path:
     """The start of the bundled sample play: a document worth a visible prefill."""
     text = (REPO / "resources" / "sample" / "hamlet.md").read_text(encoding="utf-8")[:chars]
     dest.write_text(text, encoding="utf-8")
@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="only the quick bad inputs")
     parser.add_argument("--no-table", action="store_true", help="skip the bad-input table")
+    parser.add_argument("--max-minutes", type=float, default=None, help="stop killing after this long (then check)")
+    parser.add_argument("--doc-chars", type=int, default=3000, help="document size each chat prefills")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="triforce-reliability-") as tmp:
         root = Path(tmp)
@@ -68,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.kills:
             print(f"kill -9 loop ({args.kills} kills, seed {args.seed}):", flush=True)
             started = time.monotonic()
-            counts = run_kills(args.kills, model, passage(root / "passage.md"), root / "kill-home", seed=args.seed,
-                               report=lambda line: print(line, flush=True))
+            counts = run_kills(args.kills, model, passage(root / "passage.md", args.doc_chars), root / "kill-home",
+                               seed=args.seed, max_new_tokens=args.max_new_tokens,
+                               report=lambda line: print(line, flush=True),
+                               max_seconds=None if args.max_minutes is None else args.max_minutes * 60)
             for problem in counts.problems[:20]:
                 print(f"  problem: {problem}", flush=True)
             print(f"{counts.line()} ({time.monotonic() - started:.0f} s)", flush=True)

@@ -119,14 +119,16 @@ def calibrate(argv: list[str], env: dict) -> tuple[float, float, Run]:
 
 
 def run_kills(kills: int, model: Path, doc: Path, home: Path, seed: int = 0, max_new_tokens: int = 48,
-              report=print) -> KillCounts:
-    """`kills` SIGKILLed chats (runs that finish first do not count as kills), then the checks."""
+              report=print, max_seconds: float | None = None) -> KillCounts:
+    """`kills` SIGKILLed chats (runs that finish first do not count as kills), then the checks;
+    with `max_seconds`, fewer kills if time runs out (the counts say how many)."""
     rng = random.Random(seed)
     env = {**os.environ, "TRIFORCE_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     startup_s, answer_s, whole = calibrate(chat_argv(model, doc, "calibrate", None, max_new_tokens), env)
     report(f"  one chat: {startup_s:.1f} s to the first prefill line, {answer_s:.1f} s prefill + answer")
     counts, runs, shared_chat, i = KillCounts(), [whole], 1, 0  # the undisturbed run is checked too
-    while counts.kills < kills:
+    started = time.monotonic()
+    while counts.kills < kills and (max_seconds is None or time.monotonic() - started < max_seconds):
         i += 1
         tag = f"run{i}"
         chat_id = shared_chat if rng.random() < 0.5 else None
