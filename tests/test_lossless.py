@@ -124,7 +124,10 @@ def test_edit_rolls_back_to_common_prefix(tiny, sample_text):
 def test_bundled_8k_context_every_mode_matches_ar(bundled_model_dir, sample_passage):
     """The bundled model, ~8K tokens of context, greedy: each mode, budgets from 64 to the whole
     context, several gammas, each drafter; all token-identical to AR (or a proven near-tie)."""
-    model = load_folder(bundled_model_dir)
+    # the float32 target: its L1 == L2 check below holds to float rounding; the GGUF-blocks target
+    # rounds activations to bfloat16, which can turn that rounding into an L1 rejection
+    # (test_quant.py runs the modes on it)
+    model = load_folder(bundled_model_dir, file_blocks=False)
     passage = sample_passage(7600)
     doc = [DocumentText("Hamlet", passage)]
     prompts = [_messages("Continue the play from where the text stops."),

@@ -243,3 +243,22 @@ def test_bundled_model_runs_its_q4_1_file_and_tracks_the_float32_oracle(bundled_
     rms = last_logits["oracle"].pow(2).mean().sqrt()
     assert (last_logits["quantized"] - last_logits["oracle"]).abs().max() <= 0.10 * rms
     assert tokens["quantized"] == tokens["oracle"], tokens
+
+
+@pytest.mark.bundled
+def test_bundled_quantized_target_every_mode_matches_ar(bundled_model_dir, sample_passage):
+    """The default CPU target (the Q4_1 file's blocks), ~2K tokens of context, greedy: each mode is
+    token-identical to AR on it (or differs first at a proven near-tie)."""
+    model = load_folder(bundled_model_dir)
+    assert model.runner.weights_tag
+    doc = [DocumentText("Hamlet", sample_passage(2000))]
+    messages = [ChatMessage("user", "Continue the play from where the text stops.")]
+    session = ChatSession(model, DecodeSettings(mode="ar", max_new_tokens=24), draft="ngram", capacity=4096)
+    reference, _ = answer_tokens(session, messages, doc)
+    prompt = session.prompt_tokens(messages, doc)
+    for overrides in (dict(mode="triforce", budget=256, chunk=16, gamma1=4, gamma2=6),
+                      dict(mode="retrieval-only", budget=4096, chunk=32, gamma2=4),
+                      dict(mode="draft-only", gamma1=5)):
+        session.update_settings(DecodeSettings(max_new_tokens=24, **overrides))
+        got, _ = answer_tokens(session, messages, doc)
+        assert_identical_or_near_tie(model, prompt, reference, got)
