@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BUNDLED_ID", "MAX_DOCUMENT_BYTES", "PRESETS", "SNAPSHOT_CACHE_BYTES", "Cancelled", "ChatStore",
            "ChatSummary", "Engine", "Message", "OpenedModel", "StoredDocument", "app_home", "describe_plan",
-           "list_local_models", "model_cache_dir", "preview_plan", "read_document", "sample_memory", "shape_for"]
+           "FitResult", "fit_prompt", "list_local_models", "model_cache_dir", "preview_plan", "read_document", "sample_memory", "shape_for"]
 
 Progress = Callable[[str, float | None], None]
 DRAFTERS_WITHOUT_MODEL = ("ngram", "none")
@@ -63,18 +63,21 @@ class Engine:
 
     def __init__(self, devices: str = "auto", *, snapshots: bool = True,
                  snapshot_cap_bytes: int = SNAPSHOT_CACHE_BYTES, first_cache_tokens: int | None = 16384,
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, file_blocks: bool | None = None) -> None:
         """devices: "auto" (the planner places weights and KV on the CUDA cards torch sees, or the
         CPU), or one device ("cpu", "cuda:1") used as it is, without planning.
         snapshots: keep prefilled books as KV snapshots on disk (at most snapshot_cap_bytes).
         first_cache_tokens: on a GPU, a session's full cache starts this big and grows with the chat
         (None: reserve the whole capacity at once).
-        cuda_graphs: replay fixed-shape steps from CUDA graphs (opt-in until measured on a GPU)."""
+        cuda_graphs: replay fixed-shape steps from CUDA graphs (opt-in until measured on a GPU).
+        file_blocks: on the CPU, a model converted from a quantized GGUF runs the file's own blocks
+        (None: whenever it can; False: the float32 conversion; True: must, else a typed error)."""
         self.devices = devices
         self.snapshots = snapshots
         self.snapshot_cap_bytes = snapshot_cap_bytes
         self.first_cache_tokens = first_cache_tokens
         self.cuda_graphs = cuda_graphs
+        self.file_blocks = file_blocks
 
     # --- the two halves of open ------------------------------------------------------------------
     @staticmethod
@@ -107,7 +110,7 @@ class Engine:
 
         device = "auto" if self.devices == "auto" else self.devices
         if placement is None:
-            return load_folder(folder, device=device)
+            return load_folder(folder, device=device, file_blocks=self.file_blocks)
         plan = getattr(placement, "plan", placement)
         if draft:
             return load_folder(folder, device=plan.draft_device or "auto")

@@ -124,3 +124,16 @@ def test_an_overflow_carries_its_numbers(tiny_dir):
     err = caught.value
     assert err.context_tokens == 64 and err.answer_tokens == SETTINGS.max_new_tokens
     assert err.prompt_tokens + err.answer_tokens > 64 and f"{err.prompt_tokens:,} prompt tokens" in str(err)
+
+
+def test_the_weights_choice_reaches_the_loader(tiny_dir, monkeypatch):
+    """`chat --weights float32` (Engine(file_blocks=False)) loads the float32 conversion of a GGUF,
+    the default (None) lets the loader run the file's own blocks wherever it can."""
+    import engine.model.loading as loading
+
+    seen = []
+    real = loading.load_folder
+    monkeypatch.setattr(loading, "load_folder", lambda *a, **k: seen.append(k.get("file_blocks")) or real(*a, **k))
+    Engine(devices="cpu", snapshots=False, file_blocks=False).open(str(tiny_dir), "none", SETTINGS)
+    Engine(devices="cpu", snapshots=False).open(str(tiny_dir), "none", SETTINGS)
+    assert seen == [False, None]

@@ -11,7 +11,7 @@ import json
 import sys
 
 from engine.errors import InvalidSettingError, ModelFormatError
-from engine.events import ChatMessage, DocumentText, Finished, PrefillProgress, TokenText
+from engine.events import ChatMessage, DocumentText, Finished
 from engine.settings import (
     DEFAULT_FREQUENCY_PENALTY, DEFAULT_PRESENCE_PENALTY, FALLBACK_SAMPLING, MODES, DecodeSettings, Sampling,
     recommended_sampling,
@@ -22,13 +22,19 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by `chat` and `bench`."""
     parser.add_argument("--model", default="bundled", help="bundled (default), a Hugging Face repo id, a folder or a .gguf file")
     parser.add_argument("--draft", default="ngram", help="L0 drafter: ngram (default), none, or a draft model spec")
-    parser.add_argument("--mode", default="triforce", choices=MODES)
+    parser.add_argument("--mode", default="auto", choices=MODES,
+                        help="auto (default: picks the fastest structure online) or a fixed one")
     parser.add_argument("--budget", type=int, default=None, help="retrieval-cache budget in tokens (default: auto)")
     parser.add_argument("--chunk", type=int, default=16, help="tokens per retrieval chunk")
     parser.add_argument("--gamma1", type=int, default=None, help="tokens L0 drafts per L1 check")
     parser.add_argument("--gamma2", type=int, default=None, help="tokens L1 drafts per L2 check")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
-    parser.add_argument("--auto", action="store_true", help="auto-tune gamma1/gamma2/budget from measured speed")
+    parser.add_argument("--weights", default="file", choices=("file", "float32"),
+                        help="on the CPU, a GGUF model runs its own 4/8-bit blocks (file, default) or the float32 "
+                             "conversion (float32: slower, the oracle the file's blocks are tested against)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="on a GPU: replay fixed-shape steps from CUDA graphs (opt-in until measured)")
+    parser.add_argument("--auto", action="store_true", help="with a fixed --mode: tune its gamma1/gamma2 online")
 
 
 def build_settings(args: argparse.Namespace, context_tokens: int, recommended: Sampling | None = None) -> DecodeSettings:
@@ -104,7 +110,7 @@ def register(subparsers) -> None:
 
 def _load_conversation(args, store):
     """(chat id or None, prior messages, documents) from the store and the command line."""
-    from engine.documents import read_document
+    from engine.api import read_document
 
     messages: list[ChatMessage] = []
     documents: list[DocumentText] = []
@@ -118,8 +124,7 @@ def _load_conversation(args, store):
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.store.chats import ChatStore
-    from engine.store.models import resolve_model
+    from engine.api import ChatStore, Engine
 
     if args.max_new_tokens < 1:
         raise InvalidSettingError(f"--max-new-tokens {args.max_new_tokens} is out of range: use 1 or more")
@@ -127,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     store = None if (args.no_save and args.chat is None) else ChatStore()
     chat_id, history, documents, new_docs = _load_conversation(args, store) if store else (None, [], [], [])
     if not store:
-        from engine.documents import read_document
+        from engine.api import read_document
 
         new_docs = [read_document(path) for path in args.doc]
     documents = documents + new_docs
@@ -137,52 +142,36 @@ def run(args: argparse.Namespace) -> int:
     messages = history + [ChatMessage("user", args.ask)]
 
     # resolve specs before importing torch/transformers, so a wrong spec fails in a blink
-    target_folder = resolve_model(args.model, progress=_progress_printer(args))
-    draft_folder = None if args.draft in ("ngram", "none") else resolve_model(args.draft)
-    from engine.model.loading import load_folder
-    from engine.model.placement import Placement, plan_for_folders
-    from engine.decoding.session import ChatSession
+    engine = Engine(devices=args.device, snapshots=not args.no_snapshot, first_cache_tokens=None,
+                    cuda_graphs=args.cuda_graphs, file_blocks=None if args.weights == "file" else False)
+    target_folder = engine.resolve(args.model, progress=_progress_printer(args))
+    draft = args.draft if args.draft in ("ngram", "none") else engine.resolve(args.draft)
+    # the prompt's length sizes the plan and the cache: check it before any weight is read
     from engine.cli.fit import document_fits, fit_conversation, fit_stats, print_passages, remember_fits
 
-    # the prompt's length sizes the plan and the cache: each document whole (refused, exit 2, when it
-    # cannot fit) or as its passages most relevant to the question (--fit passages)
     max_context = _max_context(target_folder.path)
     fits = document_fits(args, store, chat_id, len(documents) - len(new_docs), len(new_docs))
-    fitted = fit_conversation(args, target_folder, messages, documents, fits, max_context)
+    fitted = fit_conversation(args, target_folder, messages, documents, fits, max_context)  # refuses (exit 2)
     prompt_len, needed = fitted.prompt_tokens, fitted.prompt_tokens + args.max_new_tokens
     settings = build_settings(args, prompt_len, recommended_sampling(_generation_config(target_folder.path)))
-    capacity = min(max_context, needed + 64)
-    # on a GPU machine: plan where weights and KV go (one card, layer split or tensor parallel,
-    # offloaded KV layers) before any weight is read; raises with the numbers if it cannot fit
-    plan = plan_for_folders(target_folder.path, getattr(draft_folder, "path", None), capacity, settings,
-                            devices="auto") if args.device == "auto" else None
-    if plan is not None:
-        target = load_folder(target_folder, placement=Placement.from_plan(plan))
-        draft = args.draft if draft_folder is None else load_folder(draft_folder, device=plan.draft_device or "auto")
-    else:
-        target = load_folder(target_folder, device=args.device)
-        draft = args.draft if draft_folder is None else load_folder(draft_folder, device=args.device)
-    snapshots = None
-    if not args.no_snapshot:
-        from engine.store.snapshots import SnapshotStore
-
-        snapshots = SnapshotStore()
-    session = ChatSession(target, settings, draft=draft, capacity=capacity, snapshots=snapshots, plan=plan)
+    # on a GPU machine the plan places weights and KV (one card, layer split or tensor parallel,
+    # offloaded KV layers) before any weight is read, and raises with the numbers if it cannot fit
+    session = engine.load(target_folder, draft, settings, capacity=min(max_context, needed + 64))
 
     # the question and the growing answer are saved as one turn; Ctrl+C or SIGTERM keeps what printed
     from engine.cli.answer_out import AnswerPrinter, stream_turn
 
-    final, chat_id = stream_turn(session.stream(messages, list(fitted.documents), args.system),
-                                 AnswerPrinter(args.progress), store, chat_id, args.ask, new_docs, args.model,
-                                 stats_of=lambda final, chat: _stats(final, chat) | fit_stats(fitted, fits, documents),
-                                 on_chat=lambda chat: remember_fits(store, chat, documents, fits))
+    final, chat_id = stream_turn(
+        session.stream(messages, list(fitted.documents), args.system), AnswerPrinter(args.progress), store,
+        chat_id, args.ask, new_docs, args.model,
+        stats_of=lambda final, chat: _stats(final, chat) | fit_stats(fitted, fits, documents),
+        on_chat=lambda chat: remember_fits(store, chat, documents, fits))
     if args.stats:
-        where = {"weights": target.where,
-                 "kv_layers_offloaded": plan.kv_layers_offloaded if plan is not None else 0,
-                 "plan": plan.mode if plan is not None else None}
+        opened = engine.describe(args.model, session)
+        where = {"weights": opened.device, "kv_layers_offloaded": opened.kv_layers_offloaded,
+                 "plan": opened.plan_mode}
         print_passages(fitted)
-        print(json.dumps({**_stats(final, chat_id), "placement": where, **fit_stats(fitted, fits, documents)}),
-              file=sys.stderr)
+        print(json.dumps({**_stats(final, chat_id), "placement": where, **fit_stats(fitted, fits, documents)}), file=sys.stderr)
     return 0
 
 
@@ -212,6 +201,9 @@ def _stats(final: Finished, chat_id) -> dict:
         "mean_accepted_per_verify": m.mean_accepted_per_verify,
         "retrieval_rebuilds": m.retrieval_rebuilds,
         "settings": m.settings_summary,
+        "structure": m.structure,  # what ran last (under auto: the policy's pick)
+        "structure_switches": m.structure_switches,
+        "candidates_ms_per_token": {c.structure: round(c.ms_per_token, 2) for c in m.candidates},
     }
     return out
 
