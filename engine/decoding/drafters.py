@@ -249,7 +249,7 @@ class RetrievalDrafter:
             k = min(self.gamma1, count - len(drafts)) if use_l0 else 0
             t0 = time.perf_counter()
             inner = self.inner.propose(local, k, sampling, generator, answer_start) if k else l0_draft([], None)
-            if k:
+            if k and self.inner.runs_model:  # n-gram lookups: free, bar the one-off indexing
                 self.meter.timed("l0", k, time.perf_counter() - t0)
             d0 = inner.tokens
             start = len(local) - 1

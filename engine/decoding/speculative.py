@@ -164,7 +164,9 @@ class HierarchicalDecoder:
         if drafter is not None:
             t0 = time.perf_counter()
             draft = drafter.propose(seq, count, self.settings.sampling, self.generator, self.answer_start)
-            if not isinstance(drafter, RetrievalDrafter):  # L1 times its own forwards
+            # L1 times its own forwards; an n-gram lookup costs microseconds, except its first call,
+            # which indexes the whole book (seconds at 8K on a busy CPU) and would poison L0's cost
+            if drafter.runs_model and not isinstance(drafter, RetrievalDrafter):
                 self.timed("l0", count, time.perf_counter() - t0)
         out = self._verify_l2(seq, draft)
         accepted = len(out) - 1
