@@ -35,6 +35,7 @@ class Run:
     returncode: int
     stdout: str
     stderr: str
+    tail_s: float | None = None  # a run that finished: seconds from its first prefill line to its end
 
 
 @dataclass
@@ -85,8 +86,10 @@ def one_run(argv: list[str], env: dict, tag: str, rng: random.Random, answer_s: 
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = _Reader(proc.stdout), _Reader(proc.stderr, marker="prefill")
     out.start(), err.start()
+    marked = time.monotonic()
     if rng.random() < 0.8:  # during prefill or the answer
         err.seen.wait(timeout=startup_s * 4)
+        marked = time.monotonic()
         delay = rng.uniform(0.0, answer_s * 1.1)
     else:  # anywhere: start-up, recovery of the last kill, model load
         delay = rng.uniform(0.0, startup_s + answer_s)
@@ -98,7 +101,7 @@ def one_run(argv: list[str], env: dict, tag: str, rng: random.Random, answer_s: 
         proc.wait()
         killed = True
     out.join(10), err.join(10)
-    return Run(tag, killed, proc.returncode, out.text(), err.text())
+    return Run(tag, killed, proc.returncode, out.text(), err.text(), None if killed else time.monotonic() - marked)
 
 
 def calibrate(argv: list[str], env: dict) -> tuple[float, float, Run]:
@@ -136,6 +139,8 @@ def run_kills(kills: int, model: Path, doc: Path, home: Path, seed: int = 0, max
         runs.append(run)
         counts.kills += run.killed
         counts.completed += not run.killed
+        if run.tail_s is not None and run.tail_s < answer_s:  # the machine got faster: aim the kills again
+            answer_s = (answer_s + run.tail_s) / 2
         if not run.killed and run.returncode != 0:
             counts.problems.append(f"{tag}: exit {run.returncode}: {run.stderr[-500:]}")
         if i % 10 == 0:
