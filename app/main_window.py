@@ -34,7 +34,7 @@ from app.window_layout import build_window_layout
 from app.window_menus import build_menus, show_about
 from app.worker import EngineBackend, EngineController
 from engine.events import ChatMessage, Metrics, PrefillProgress, ReadProgress
-from engine.settings import DecodeSettings
+from engine.settings import DecodeSettings, recommended_sampling
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,9 @@ class MainWindow(QMainWindow):
         self.colors = theme.colors()
         self.prefs = settings or app_settings()
         self.repo = repo or ChatRepo()
-        initial = settings_from_dict(self.prefs.value("decode/settings", "", type=str), DecodeSettings())
+        # first run: sample as local chat apps do (0.7 / 0.9 / 40, a light repetition penalty), not greedy
+        initial = settings_from_dict(self.prefs.value("decode/settings", "", type=str),
+                                     DecodeSettings(sampling=recommended_sampling(None)))
         self.engine = EngineController(backend, initial, parent=self)
         build_window_layout(self, initial)
         build_menus(self)

@@ -154,6 +154,11 @@ class SettingsPanel(QScrollArea):
         samp = Card("Sampling")
         self.temperature = _Slider("Temperature", 0, 200, lambda v: "0 (greedy)" if v == 0 else f"{v / 100:.2f}")
         self.top_p = _Slider("Top-p", 5, 100, lambda v: f"{v / 100:.2f}")
+        # penalties are part of the target distribution, applied alike at every level (stays exact)
+        self.frequency = _Slider("Repetition penalty", 0, 200, lambda v: "off" if v == 0 else f"{v / 100:.2f}",
+                                 "Lowers a token's logit by this much for each time it is already in the answer")
+        self.presence = _Slider("Presence penalty", 0, 200, lambda v: "off" if v == 0 else f"{v / 100:.2f}",
+                                "Lowers a token's logit by this much once it appears in the answer")
         self.max_new = QSpinBox()
         self.max_new.setObjectName("max_new_tokens")
         self.max_new.setRange(1, 8192)
@@ -162,6 +167,8 @@ class SettingsPanel(QScrollArea):
         self.max_new.setMaximumWidth(110)
         samp.body.addWidget(self.temperature)
         samp.body.addWidget(self.top_p)
+        samp.body.addWidget(self.frequency)
+        samp.body.addWidget(self.presence)
         form2 = QFormLayout()
         form2.setContentsMargins(0, 0, 0, 0)
         form2.addRow("Max answer tokens", self.max_new)
@@ -203,7 +210,8 @@ class SettingsPanel(QScrollArea):
         self._system_debounce = QTimer(self, singleShot=True, interval=400)
         self._system_debounce.timeout.connect(lambda: self.systemPromptChanged.emit(self.system.toPlainText()))
         self.system.textChanged.connect(lambda: None if self._loading else self._system_debounce.start())
-        for s in (self.budget, self.sinks, self.window, self.gamma1, self.gamma2, self.temperature, self.top_p):
+        for s in (self.budget, self.sinks, self.window, self.gamma1, self.gamma2, self.temperature, self.top_p,
+                  self.frequency, self.presence):
             s.changed.connect(self._changed)
         self.chunk.changed.connect(self._on_chunk)
         self.sinks.changed.connect(self._on_sinks)
@@ -230,7 +238,8 @@ class SettingsPanel(QScrollArea):
             gamma1=self.gamma1.get(), gamma2=self.gamma2.get(), auto=self.auto.isChecked(),
             max_new_tokens=self.max_new.value(),
             sampling=dataclasses.replace(self._settings.sampling, temperature=self.temperature.get() / 100,
-                                         top_p=self.top_p.get() / 100))
+                                         top_p=self.top_p.get() / 100, frequency_penalty=self.frequency.get() / 100,
+                                         presence_penalty=self.presence.get() / 100))
 
     def set_context(self, max_context: int) -> None:
         """The model's context bounds the budget; re-clamp what is shown."""
@@ -254,6 +263,8 @@ class SettingsPanel(QScrollArea):
             self.gamma2.set(s.gamma2)
             self.temperature.set(round(min(2.0, s.sampling.temperature) * 100))
             self.top_p.set(round(max(0.05, s.sampling.top_p) * 100))
+            self.frequency.set(round(min(2.0, max(0.0, s.sampling.frequency_penalty)) * 100))
+            self.presence.set(round(min(2.0, max(0.0, s.sampling.presence_penalty)) * 100))
             self.mode.setCurrentIndex(max(0, self.mode.findData(s.mode)))
             self.auto.setChecked(s.auto)
             self.max_new.setValue(max(1, min(8192, s.max_new_tokens)))

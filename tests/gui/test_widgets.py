@@ -414,3 +414,20 @@ def test_live_panel_shows_what_auto_runs_and_what_it_weighed(qtbot):
     text = panel.summary.text()
     assert "running: draft-only g1=4 (switched 2×)" in text
     assert "weighed: draft-only g1=4 42 ms, triforce g1=2 g2=6 ~60 ms, ar 80 ms" in text
+
+
+def test_a_first_run_samples_with_a_repetition_penalty_and_the_panel_sets_it(qtbot, make_window, tiny_model):
+    """New users get the sampling local chat apps use (not greedy, which makes a small model loop),
+    and the penalty is a control like the others."""
+    window = make_window(tiny_model)
+    panel = window.settings_panel
+    s = panel.settings().sampling
+    assert s.temperature == pytest.approx(0.7) and s.top_p == pytest.approx(0.9) and s.top_k == 40
+    assert s.frequency_penalty == pytest.approx(0.3) and s.presence_penalty == 0.0
+    assert panel.frequency.value.text() == "0.30"
+    panel.frequency.slider.setValue(55)
+    panel.presence.slider.setValue(20)
+    panel.flush()
+    session = window.engine.session()
+    qtbot.waitUntil(lambda: session.settings.sampling.frequency_penalty == pytest.approx(0.55), timeout=5_000)
+    assert session.settings.sampling.presence_penalty == pytest.approx(0.2)
