@@ -8,6 +8,7 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 from app.panels.common import Card, LabelledBar, fmt_rate, fmt_seconds
 from app.theme import Colors, colors
 from engine.events import Metrics
+from engine.settings import Mode
 
 MIN_X_TOKENS = 32  # the empty plot's token axis: 0..32, never fractions or negative numbers
 LEVELS = (("l0_l1", "L0 → L1  draft accepted", "l0"), ("l1_l2", "L1 → L2  retrieval accepted", "l1"))
@@ -108,7 +109,9 @@ class AcceptancePanel(Card):
             stats = m.level(name)
             bar = self.bars[name]
             if stats is None:
-                bar.set(0.0, "off" if m.mode != "triforce" else "–")
+                mode = Mode.of(m.mode)  # a level this mode never runs is "off"; auto's not-yet-run ones "–"
+                runs = {"l0_l1": mode.uses_l0 and mode.uses_l1, "l1_l2": mode.uses_l1}[name]
+                bar.set(0.0, "–" if runs else "off")
                 continue
             bar.set(stats.rate, fmt_rate(stats.rate), f"{stats.accepted:,} of {stats.proposed:,} drafted tokens")
             # plot the rate over the last interval: what is happening now, not the running mean

@@ -5,7 +5,7 @@ from PySide6.QtWidgets import QWidget
 
 from app.panels.common import Card, LabelledBar, fmt_bytes, fmt_tokens
 from engine.events import CacheStats, Metrics, PrefillProgress
-from engine.settings import DecodeSettings
+from engine.settings import DecodeSettings, Mode
 
 
 class CachePanel(Card):
@@ -49,8 +49,9 @@ class CachePanel(Card):
             stats = by_name.get(name)
             if stats is not None:
                 bar.set(*self._describe(stats, metrics))
-        uses_l0 = metrics.mode in ("triforce", "draft-only")
-        if "retrieval" not in by_name and metrics.mode in ("ar", "draft-only"):
+        mode = Mode.of(metrics.mode)  # auto may use every level: its caches show once it does
+        uses_l0 = mode.uses_l0
+        if "retrieval" not in by_name and not mode.uses_l1:
             self.retrieval.set(0.0, "off", f"not used in {metrics.mode} mode")
         if "draft" not in by_name:
             self.draft.set(0.0, "n-gram" if uses_l0 else "off",
