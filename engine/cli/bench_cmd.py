@@ -35,7 +35,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.tools.bench import Peers, format_report, run_bench
     from engine.tools.peers import gguf_for
-    from engine.model.loading import load_model
+    from engine.api import Engine
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in ALL_METHODS]
@@ -53,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
         from engine.tools.sample_text import sample_text
 
         text = sample_text("hamlet")
-    model = load_model(args.model, device=args.device)
-    draft = args.draft if args.draft in ("ngram", "none") else load_model(args.draft, device=args.device)
+    # opened like the app and chat open models; the bench shares one loaded model across sessions
+    engine = Engine(devices=args.device, snapshots=False, file_blocks=None if args.weights == "file" else False)
+    model = engine.load_weights(engine.resolve(args.model))
+    draft = args.draft if args.draft in ("ngram", "none") else engine.load_weights(engine.resolve(args.draft))
     if args.workload == "passages":
         from engine.tools.bench_passages import run_passages_workload
 
