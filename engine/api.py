@@ -108,9 +108,8 @@ class Engine:
         target on its cards, the draft on its draft card; on `devices` without one."""
         from engine.model.loading import load_folder
 
-        device = "auto" if self.devices == "auto" else self.devices
         if placement is None:
-            return load_folder(folder, device=device, file_blocks=self.file_blocks)
+            return load_folder(folder, device=self.devices, file_blocks=self.file_blocks)
         plan = getattr(placement, "plan", placement)
         if draft:
             return load_folder(folder, device=plan.draft_device or "auto")
