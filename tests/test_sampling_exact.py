@@ -151,21 +151,13 @@ SWITCHING = [Structure(Mode.TRIFORCE, 2, 3), Structure(Mode.AR), Structure(Mode.
              Structure(Mode.RETRIEVAL_ONLY, 1, 2), Structure(Mode.TRIFORCE, 1, 1)]
 
 
-def test_auto_switching_structure_every_cycle_matches_exact_target_distribution(models):
+@pytest.mark.parametrize("script", [SWITCHING, None], ids=["switching-every-cycle", "unscripted"])
+def test_auto_matches_exact_target_distribution(models, script):
+    """auto scripted to switch structure at every cycle, and auto left to its own choices."""
     target, draft = models
     first = 5
     exact = exact_distribution(target, first, STEPS)
-    counts = triforce_samples(target, draft, first, STEPS, verify, mode="auto", script=SWITCHING)
-    for i in range(STEPS):
-        p_value = chi_square_p_value(counts[i], exact[i])
-        assert p_value > 1e-3, f"token {i + 2}: auto's distribution differs (p={p_value:.2e})"
-
-
-def test_auto_policy_unscripted_matches_exact_target_distribution(models):
-    target, draft = models
-    first = 5
-    exact = exact_distribution(target, first, STEPS)
-    counts = triforce_samples(target, draft, first, STEPS, verify, mode="auto")
+    counts = triforce_samples(target, draft, first, STEPS, verify, mode="auto", script=script)
     for i in range(STEPS):
         p_value = chi_square_p_value(counts[i], exact[i])
         assert p_value > 1e-3, f"token {i + 2}: auto's distribution differs (p={p_value:.2e})"
