@@ -136,3 +136,19 @@ def test_unsupported_caches_and_devices_use_the_runners_forward():
     config, state = random_weights(3, vocab=40, hidden=32, layers=3, heads=4, kv_heads=2)
     tp = TensorParallelRunner(config, state, ["cpu", "cpu"], torch.float32)
     assert GraphedForward(tp, full).kind is None  # tensor parallel stays eager
+
+
+def test_a_session_with_graphs_wraps_the_target_and_the_draft_model(tiny_model_dir, monkeypatch):
+    """cuda_graphs reaches both runners the decoder calls (L0's draft model included); off CUDA the
+    wrapper is the identity, so the seam is checked with a recording stand-in."""
+    import engine.model.cuda_graphs as cuda_graphs
+    from engine.decoding.session import ChatSession
+    from engine.model.loading import load_folder
+    from engine.settings import DecodeSettings
+
+    wrapped = []
+    monkeypatch.setattr(cuda_graphs, "with_graphs", lambda runner: wrapped.append(runner) or runner)
+    target = load_folder(tiny_model_dir("llama"), device="cpu")
+    draft = load_folder(tiny_model_dir("llama"), device="cpu")
+    ChatSession(target, DecodeSettings(budget=32, chunk=8), draft=draft, cuda_graphs=True)
+    assert target.runner in wrapped and draft.runner in wrapped

@@ -64,9 +64,9 @@ class ChatSession:
         self._cancel = threading.Event()  # the running job's token (each job brings or gets its own)
         self._pending: DecodeSettings | None = None  # set by any thread, applied on the engine thread
         self._pending_lock = threading.Lock()
+        self._graphs = cuda_graphs  # before the drafter: its model's runner is wrapped too
         self.drafter = self._make_drafter(draft)
         self.generator = torch.Generator(device="cpu")
-        self._graphs = cuda_graphs
         self.decoder = HierarchicalDecoder(self._runner(target.runner), self.full, self.drafter, settings,
                                            self.generator)
         self._last_metrics: Metrics | None = None
@@ -86,7 +86,7 @@ class ChatSession:
 
     def _runner(self, runner):
         """The runner the decoder and drafter call: wrapped for CUDA graphs when asked (and on CUDA)."""
-        if not getattr(self, "_graphs", False):
+        if not self._graphs:
             return runner
         from engine.model.cuda_graphs import with_graphs
 
