@@ -140,7 +140,7 @@ def test_no_room_even_without_passages_is_refused(bundled_tokenizer):
 def test_same_question_twice_reuses_the_prefix(tiny_model_dir, bundled_tokenizer):
     """Through ChatSession with a tiny model: the second turn's passages render identically, so
     only the new turn is prefilled; another question re-prefills from its first changed passage."""
-    from engine.decoding.session import ChatSession
+    from engine.decoding.session import ChatSession, common_prefix
     from engine.model.loading import load_folder
     from engine.settings import DecodeSettings
 
@@ -163,12 +163,17 @@ def test_same_question_twice_reuses_the_prefix(tiny_model_dir, bundled_tokenizer
     second, prefilled2, _ = turn(messages)
     assert second.selections[0].passages == first.selections[0].passages
     assert second.documents[0].text == first.documents[0].text
-    assert prefilled2 < 100, prefilled2  # the new turn only: the passages' KV was reused
+    # the new turn only, from the start of the 256-token prefill chunk it begins in: the
+    # passages' KV was reused
+    assert prefilled2 < 100 + 256, prefilled2
     # a different question keeps the KV up to its first changed passage
     other = messages + [ChatMessage("assistant", "x"), ChatMessage("user", "What does the ghost ask of Hamlet?")]
+    held = list(session.held)
     third, prefilled3, _ = turn(other)
     assert third.selections[0].passages != first.selections[0].passages
-    assert prefilled3 < third.prompt_tokens
+    kept = common_prefix(held, session.prompt_tokens(other, list(third.documents)))
+    assert 0 < kept < third.prompt_tokens
+    assert prefilled3 == third.prompt_tokens - kept // 256 * 256  # from the chunk the first change is in
 
 
 def test_the_fit_is_kept_with_the_chat_and_exported(tmp_path):

@@ -299,10 +299,15 @@ class ChatSession:
         if keep_last:
             reuse = min(reuse, len(tokens) - 1)
         reuse = self._restore_snapshot(tokens, reuse)
+        chunk = prefill_chunk_for(self.full.device)
+        if getattr(self.full, "exact", False) and reuse < len(tokens):
+            # compute in the chunks a fresh prefill would use (aligned to `chunk`), so a prompt's
+            # logits and K/V never depend on what the cache held before: a regenerated answer,
+            # or the same question in another mode, starts from the same bits
+            reuse = reuse // chunk * chunk
         self.full.rollback(reuse)
         self.held = self.held[:reuse]
         total = len(tokens) - reuse
-        chunk = prefill_chunk_for(self.full.device)
         started = time.perf_counter()
         self._prefill_stats = (total, 0.0)
         yield PrefillProgress(0, total, reuse, 0.0)

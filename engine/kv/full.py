@@ -5,6 +5,7 @@ import torch
 
 from engine.kv.attention import causal_mask, gqa_attention
 from engine.kv.base import KVCache
+from engine.kv.exact_attention import MAX_ROWS, exact_gqa_attention, hidden_tail, padded_length
 from engine.kv.retrieval import RetrievalCache
 from engine.kv.rope import Rotary, rotate
 
@@ -14,15 +15,23 @@ class FullCache(KVCache):
 
     `capture_query` makes the next forward keep the last token's post-RoPE query per layer
     ([L, Hq, D]): the retrieval cache scores chunks against it.
+
+    On the CPU, forwards of up to MAX_ROWS new tokens (decoding and verification) attend through
+    the batch-invariant kernel (engine/kv/exact_attention.py), so a verification row gives the bits
+    a one-token step gives; the buffers are padded to its chunk size for that.
     """
 
     name = "full"
+    exact = False  # attend through exact_attention (set for CPU buffers; subclasses keep their own path)
+    _invariant = False
+    _hidden: torch.Tensor | None = None
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__(capacity, dtype, torch.device(device))
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
-        shape = (n_kv_heads, capacity, head_dim)
+        self.exact = self.device.type == "cpu"
+        shape = (n_kv_heads, padded_length(capacity) if self.exact else capacity, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
         self.capture_query = False
@@ -30,7 +39,9 @@ class FullCache(KVCache):
 
     def _prepare(self, positions: torch.Tensor, rope: Rotary) -> None:
         self._cos, self._sin = rope.cos_sin(positions, self.dtype)
-        self._mask = causal_mask(self._new, self.length + self._new, self.device)
+        self._invariant = self.exact and self._new <= MAX_ROWS
+        self._mask = None if self._invariant else causal_mask(self._new, self.length + self._new, self.device)
+        self._hidden: torch.Tensor | None = None  # the exact kernel's mask, built at the first layer
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q = rotate(q, self._cos, self._sin)  # [Hq, T, D]
@@ -40,6 +51,10 @@ class FullCache(KVCache):
         self.values[layer][:, start:stop] = v
         if self.capture_query:
             self.last_query[layer] = q[:, -1].clone()  # [Hq, D]
+        if self._invariant:
+            if self._hidden is None and self._new > 1:
+                self._hidden = hidden_tail(self._new, stop, q.shape[0] // self.n_kv_heads)
+            return exact_gqa_attention(q, self.keys[layer], self.values[layer], stop, self._hidden)
         return gqa_attention(q, self.keys[layer][:, :stop], self.values[layer][:, :stop], self._mask)
 
     def end(self) -> None:

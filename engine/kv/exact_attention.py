@@ -1,0 +1,79 @@
+"""Batch-invariant attention on the CPU: a query row's bits do not depend on how many rows share
+the forward, so verifying k drafted tokens in one forward gives exactly the logits that k
+one-token decoding steps give. That is what makes every speculative mode token-identical to plain
+decoding, not only "identical up to float rounding" (a rounding difference of 2^-24 in attention,
+widened by the bfloat16 activations of the quantized target to ~2^-9, did flip a near-tie after 19
+tokens at 8K context).
+
+Where ordinary attention loses it: the softmax sum and the probs @ V product reduce over all S
+keys, and a verification row (which sees S - T + i + 1 keys, with the rest masked) is reduced
+with a different vector tail and a different BLAS blocking than the same row in a one-token step
+(S' = S - T + i + 1 keys, none masked). Here every reduction has a length fixed by the cache, not
+by the forward:
+- keys are read in CHUNK-sized chunks aligned to absolute positions (the buffer behind the cache
+  is CHUNK-padded; positions a row may not see are masked to -inf, so they add exact zeros);
+- the max is order-free; scores are dot products of length D; per chunk, the exp-sum and the
+  weighted sum of V reduce over exactly CHUNK keys;
+- the chunks are combined by a cumulative sum (a strictly left-to-right loop, accumulated in
+  float64 by torch on the CPU), whose last entry cannot change when trailing all-zero chunks are
+  appended.
+The one assumption left is that the BLAS computes a row of a batched matmul the same whatever the
+number of rows (M) and batches: true of the kernels tested (tests/test_exact_attention.py checks
+the whole function, decode against verification, bit for bit).
+
+It reads every K/V byte once, as the plain kernel does; its cost is a few more small tensor ops.
+"""
+from __future__ import annotations
+
+import torch
+
+CHUNK = 256  # keys per chunk (absolute positions c*CHUNK .. (c+1)*CHUNK - 1)
+MAX_ROWS = 64  # new tokens per forward this kernel takes; prefill chunks use SDPA (their bits do not matter)
+
+
+def padded_length(total: int) -> int:
+    """Buffer positions the kernel reads for `total` held keys: `total` rounded up to CHUNK."""
+    return -(-total // CHUNK) * CHUNK
+
+
+def hidden_tail(new_tokens: int, total: int, group: int = 1) -> torch.Tensor | None:
+    """[G*T, padded_length(total) - total + T - 1] bool (rows g*T + t): True where new row t (the
+    (total-T+t)-th token) may not look, over the only keys any row may not see (those after the
+    first row's). None when T == 1 (that row sees every held key: only the padding is hidden)."""
+    if new_tokens == 1:
+        return None
+    first = total - new_tokens + 1
+    cols = torch.arange(first, padded_length(total))[None, :]  # [1, tail]
+    rows = torch.arange(new_tokens)[:, None] + (total - new_tokens)  # [T, 1]
+    return (cols > rows).repeat(group, 1)
+
+
+def exact_gqa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, total: int,
+                        hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """q [Hq, T, D] (the last T of `total` positions), keys/values [Hkv, >= padded_length(total), D]
+    (buffers whose first `total` positions are held; the rest finite, never seen)
+    -> [Hq, T, D]. hidden: hidden_tail(T, total, Hq // Hkv), built once per forward."""
+    n_heads, new, dim = q.shape
+    n_kv = keys.shape[0]
+    group = n_heads // n_kv
+    padded = padded_length(total)
+    n_chunks = padded // CHUNK
+    if keys.shape[1] < padded:
+        raise ValueError(f"exact attention needs {padded} buffer positions, the cache holds {keys.shape[1]}")
+    rows = group * new
+    q_rows = q.reshape(n_kv, rows, dim) * dim ** -0.5  # [Hkv, G*T, D]; row g*T + t
+    scores = torch.bmm(q_rows, keys[:, :padded].transpose(1, 2))  # [Hkv, G*T, S_pad]
+    if new == 1:
+        scores[:, :, total:].fill_(float("-inf"))
+    else:
+        if hidden is None:
+            hidden = hidden_tail(new, total, group)
+        scores[:, :, total - new + 1:].masked_fill_(hidden, float("-inf"))
+    top = scores.amax(-1, keepdim=True)  # [Hkv, G*T, 1]: every row sees key 0
+    weights = scores.sub_(top).exp_().view(n_kv, rows, n_chunks, CHUNK)  # hidden keys -> exactly 0
+    sums = weights.sum(-1).cumsum(-1)[..., -1:]  # [Hkv, G*T, 1]
+    per_chunk = torch.empty(n_kv, n_chunks, rows, dim, dtype=scores.dtype)
+    for h in range(n_kv):  # one KV head at a time: its chunks are one contiguous batch, never copied
+        torch.bmm(weights[h].transpose(0, 1), values[h, :padded].view(n_chunks, CHUNK, dim), out=per_chunk[h])
+    outs = per_chunk.view(n_kv, n_chunks, rows * dim).cumsum(1)[:, -1].view(n_kv, rows, dim)
+    return outs.div_(sums).reshape(n_heads, new, dim).to(q.dtype)

@@ -1,0 +1,63 @@
+"""The CPU target's batch-invariant attention (engine/kv/exact_attention.py): a verification row
+gets the bits of a one-token step, so speculative decoding is token-identical to plain decoding."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.kv.attention import causal_mask, gqa_attention
+from engine.kv.exact_attention import CHUNK, MAX_ROWS, exact_gqa_attention, hidden_tail, padded_length
+from engine.kv.full import FullCache
+from engine.settings import MAX_DRAFT, DecodeSettings
+
+
+def _kv(n_kv: int, positions: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n_kv, positions, dim, generator=gen), torch.randn(n_kv, positions, dim, generator=gen)
+
+
+# held positions before the forward: inside one chunk, at a chunk edge, across several chunks
+@pytest.mark.parametrize("held", [0, 5, CHUNK - 3, CHUNK, 3 * CHUNK + 17])
+@pytest.mark.parametrize("new", [2, 7, 13, 34])
+def test_a_verification_row_has_the_bits_of_a_one_token_step(held, new):
+    keys, values = _kv(3, padded_length(held + new), 64)
+    q = torch.randn(9, new, 64)  # 9 query heads over 3 KV heads
+    together = exact_gqa_attention(q, keys, values, held + new)
+    for i in range(new):
+        alone = exact_gqa_attention(q[:, i:i + 1].contiguous(), keys, values, held + i + 1)  # [Hq, 1, D]
+        assert torch.equal(alone[:, 0], together[:, i]), f"row {i} of {new} after {held} held differs"
+
+
+@pytest.mark.parametrize("held,new", [(0, 1), (40, 1), (300, 6), (1000, 34)])
+def test_it_is_causal_attention(held, new):
+    """Against the plain kernel (float rounding apart): each new row sees keys 0..its own."""
+    total = held + new
+    keys, values = _kv(2, padded_length(total), 16, seed=1)
+    q = torch.randn(4, new, 16)
+    got = exact_gqa_attention(q, keys, values, total)
+    want = gqa_attention(q, keys[:, :total], values[:, :total], causal_mask(new, total, "cpu"))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_positions_past_the_held_ones_are_never_seen():
+    """Whatever the padding behind the held keys holds (stale rolled-back tokens), the answer is the same."""
+    keys, values = _kv(2, 2 * CHUNK, 16)
+    q = torch.randn(4, 3, 16)
+    before = exact_gqa_attention(q, keys, values, CHUNK + 10, hidden_tail(3, CHUNK + 10, 2))
+    keys[:, CHUNK + 10:] = 1e4
+    values[:, CHUNK + 10:] = -1e4
+    assert torch.equal(exact_gqa_attention(q, keys, values, CHUNK + 10), before)
+
+
+def test_a_buffer_without_the_padding_is_refused():
+    keys, values = _kv(1, CHUNK + 1, 8)
+    with pytest.raises(ValueError, match="buffer positions"):
+        exact_gqa_attention(torch.randn(2, 1, 8), keys, values, CHUNK + 1)
+
+
+def test_the_cpu_full_cache_pads_its_buffers_and_every_verification_fits_the_kernel():
+    cache = FullCache(2, 2, 16, capacity=CHUNK + 1, dtype=torch.float32, device="cpu")
+    assert cache.keys[0].shape[1] == 2 * CHUNK and cache.capacity == CHUNK + 1
+    largest = DecodeSettings(mode="triforce", gamma1=MAX_DRAFT, gamma2=32)
+    largest.validate()
+    assert largest.speculation_tokens() <= MAX_ROWS
