@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.decoding.policy import EXPLORE_CYCLES, Policy, StepCosts, Structure, expected_tokens
+from engine.decoding.policy import EXPLORE_CYCLES, OUTLIER, Policy, StepCosts, Structure, expected_tokens
 from engine.decoding.session import ChatSession
 from engine.events import ChatMessage, DocumentText
 from engine.model.loading import load_folder
@@ -165,3 +165,21 @@ def test_bundled_auto_and_forced_switches_match_ar(bundled_model_dir, sample_pas
         session.decoder.policy.forced = script
         got, final = answer_tokens(session, messages, doc)
         assert_identical_or_near_tie(model, session.prompt_tokens(messages, doc), reference, got)
+
+
+def test_wall_time_beyond_the_modelled_forwards_steers_the_choice():
+    """Two structures with the same modelled cost per token: the one whose cycles really take longer
+    (drafting, rollback, rebuilds) loses, once its wall time is seen; a one-off spike is ignored."""
+    policy = Policy()
+    for n in (1, 2, 3, 4, 5):
+        policy.costs.record("l2", n, 0.010 * (1 + 0.15 * (n - 1)))
+    ar, draft = Structure(Mode.AR), Structure(Mode.DRAFT_ONLY, gamma1=3)
+    before = policy.seconds_per_token(draft)
+    modelled = policy.cycle_cost(draft)[0]
+    policy.realized(draft, OUTLIER * 2 * modelled)  # an n-gram index built over the whole book
+    assert policy.seconds_per_token(draft) == pytest.approx(before)
+    policy.realized(ar, policy.cycle_cost(ar)[0])
+    for _ in range(12):
+        policy.realized(draft, 2.0 * modelled)
+    assert policy.seconds_per_token(draft) == pytest.approx(2.0 * before, rel=0.05)
+    assert policy.seconds_per_token(ar) == pytest.approx(0.010)

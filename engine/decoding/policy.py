@@ -31,6 +31,8 @@ PRIOR_SLOPE = 0.15  # cost of each extra checked token, as a share of a 1-token 
 PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 PRIOR_HIT = 0.5  # share of L0 proposals that are not empty (n-gram lookups often find nothing)
+OVERHEAD_WEIGHT = 0.25  # per-cycle weight of the newest wall-time / modelled-time ratio
+OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
 
 
 def expected_tokens(acceptance: float, gamma: int) -> float:
@@ -154,6 +156,7 @@ class Policy:
     current: Structure | None = None
     candidates: tuple[CandidateCost, ...] = ()
     switches: int = 0
+    overhead: dict[Mode, float] = field(default_factory=dict)  # wall time / modelled time, per mode
     forced: list[Structure] | None = None  # tests: a script of structures to run, one per cycle
     _memo: dict = field(default_factory=dict, repr=False)  # inputs of the current choice
     _settled: bool = False  # the last scoring chose without exploring
@@ -281,25 +284,54 @@ class Policy:
         return acc["l0_l1"].hit if acc["l0_l1"].proposals >= acc["l0_l2"].proposals else acc["l0_l2"].hit
 
     def seconds_per_token(self, s: Structure) -> float | None:
-        """Predicted seconds per generated token of structure `s`, or None before any L2 timing."""
+        """Predicted seconds per generated token of structure `s`, or None before any L2 timing:
+        its cycle cost (corrected by what its cycles really took) over the tokens a cycle yields."""
+        cycle = self.cycle_cost(s)
+        if cycle is None:
+            return None
+        seconds, tokens = cycle
+        return seconds * self._overhead(s.mode) / tokens
+
+    def cycle_cost(self, s: Structure) -> tuple[float, float] | None:
+        """(seconds of the forwards one cycle of `s` runs, tokens it yields), from the timed levels."""
         c2 = lambda n: self._c("l2", n)  # noqa: E731
         if c2(1) is None:
             return None
         if s.mode is Mode.AR:
-            return c2(1)
+            return c2(1), 1.0
         h = self._hit()
         if s.mode is Mode.DRAFT_ONLY:
             g = s.gamma1
             tokens = h * expected_tokens(self._rate("l0_l2"), g) + (1 - h)
-            cost = self._c("l0", g) + h * c2(g + 1) + (1 - h) * c2(1)
-            return cost / tokens
+            return self._c("l0", g) + h * c2(g + 1) + (1 - h) * c2(1), tokens
         if s.mode is Mode.RETRIEVAL_ONLY:
             g = s.gamma2
-            return (g * self._c("l1", 1) + c2(g + 1)) / expected_tokens(self._rate("l1_l2"), g)
+            return g * self._c("l1", 1) + c2(g + 1), expected_tokens(self._rate("l1_l2"), g)
         g1, g2 = s.gamma1, s.gamma2
         per_l1_forward = h * expected_tokens(self._rate("l0_l1"), g1) + (1 - h)
         l1_cost = self._c("l0", g1) + h * self._c("l1", g1 + 1) + (1 - h) * self._c("l1", 1)
-        return (g2 * l1_cost / per_l1_forward + c2(g2 + 1)) / expected_tokens(self._rate("l1_l2"), g2)
+        return g2 * l1_cost / per_l1_forward + c2(g2 + 1), expected_tokens(self._rate("l1_l2"), g2)
+
+    def realized(self, s: Structure, seconds: float) -> None:
+        """A cycle of `s` took `seconds` of wall time, all included (drafting, acceptance, rollback,
+        retrieval rebuilds, Python): learn how far that is from the forwards the model counts."""
+        self._memo.clear()
+        cycle = self.cycle_cost(s)
+        if cycle is None or cycle[0] <= 0:
+            return
+        ratio = seconds / cycle[0]
+        if ratio > OUTLIER:  # a one-off (an n-gram index built over the whole book): not a cost of the structure
+            return
+        ratio = max(ratio, 0.5)
+        old = self.overhead.get(s.mode)
+        self.overhead[s.mode] = ratio if old is None else (1 - OVERHEAD_WEIGHT) * old + OVERHEAD_WEIGHT * ratio
+
+    def _overhead(self, mode: Mode) -> float:
+        """Measured wall time / modelled forward time of `mode`'s cycles; a structure not yet run
+        gets the smallest seen so far (optimistic, so that bounded exploration still tries it), else 1."""
+        if mode in self.overhead:
+            return self.overhead[mode]
+        return min(self.overhead.values(), default=1.0)
 
     def _best_of(self, mode: Mode, settings: DecodeSettings) -> tuple[float | None, Structure]:
         """The best gammas for `mode` and their predicted seconds per token."""

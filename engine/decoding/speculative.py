@@ -158,6 +158,7 @@ class HierarchicalDecoder:
         return st
 
     def step(self, seq: list[int]) -> list[tuple[int, Level]]:
+        started = time.perf_counter()
         self.structure = st = self._choose(seq)
         drafter, count, boundary = self._compose(st)
         draft = l0_draft([], None)
@@ -176,6 +177,8 @@ class HierarchicalDecoder:
             if draft.tokens:
                 self._recent_l2.append(accepted / len(draft.tokens))
             self._since_rebuild += len(out)
+        if self._policy_learns():
+            self.policy.realized(st, time.perf_counter() - started)
         return out
 
     def choice_metrics(self) -> dict:
