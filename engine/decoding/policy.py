@@ -11,6 +11,12 @@ cycles, once per session, and only while its optimistic score is within EXPLORE_
 The choice is re-scored at each turn, every RESCORE_EVERY cycles and whenever an acceptance estimate
 moves by SHIFT, and changes only between cycles; a switch needs a SWITCH_GAIN advantage. Every cycle's output is an
 exact sample whatever structure ran it, so switching never changes what is generated.
+
+The model counts forwards only. Each cycle's wall time against the model's prediction for the
+tokens it yielded is kept per mode (decayed sums) and scales that mode's score, so drafting,
+rollback, rebuilds, Python and acceptance that is not i.i.d. all count. Every REFRESH_EVERY
+scorings the runner-up (within REFRESH_MARGIN, and not needing an L1 cache that is not live) runs
+one cycle, so the estimates of a structure left long ago do not go stale.
 """
 from __future__ import annotations
 
@@ -31,7 +37,8 @@ PRIOR_SLOPE = 0.15  # cost of each extra checked token, as a share of a 1-token 
 PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 PRIOR_HIT = 0.5  # share of L0 proposals that are not empty (n-gram lookups often find nothing)
-OVERHEAD_WEIGHT = 0.25  # per-cycle weight of the newest wall-time / modelled-time ratio
+REFRESH_EVERY = 6  # every 6th scoring (>= 24 cycles) the runner-up runs one cycle ...
+REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
 OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
 
 
@@ -156,11 +163,13 @@ class Policy:
     current: Structure | None = None
     candidates: tuple[CandidateCost, ...] = ()
     switches: int = 0
-    overhead: dict[Mode, float] = field(default_factory=dict)  # wall time / modelled time, per mode
+    overhead: dict[Mode, float] = field(default_factory=dict)  # wall time / predicted time, per mode
+    _realized: dict = field(default_factory=dict, repr=False)  # mode -> (wall s, predicted s), decayed
     forced: list[Structure] | None = None  # tests: a script of structures to run, one per cycle
     _memo: dict = field(default_factory=dict, repr=False)  # inputs of the current choice
     _settled: bool = False  # the last scoring chose without exploring
     _since_score: int = 0  # cycles since the last scoring
+    _since_refresh: int = 0  # scorings since the runner-up last ran
     _scored_rates: dict = field(default_factory=dict)  # acceptance at the last scoring
 
     def new_turn(self) -> None:
@@ -204,6 +213,17 @@ class Policy:
             if self.tried.get(s.mode, 0) < EXPLORE_CYCLES and not self._explored(s.mode) and ms <= EXPLORE_MARGIN * best_ms:
                 return self._ran(s)
         self._settled = True
+        self._since_refresh += 1
+        if self._since_refresh >= REFRESH_EVERY:  # re-measure the runner-up once: estimates of a
+            self._since_refresh = 0  # structure left long ago go stale (costs move with the context)
+            live_l1 = self.current is not None and self.current.mode.uses_l1
+            others = [(ms, s) for ms, s in scored  # no L1 cache rebuilt for one cycle
+                      if (self.current is None or s.mode is not self.current.mode) and (live_l1 or not s.mode.uses_l1)]
+            if others:
+                ms, runner_up = min(others, key=lambda x: x[0])
+                if ms <= REFRESH_MARGIN * best_ms:
+                    self._settled = False
+                    return self._ran(runner_up)
         if self.current is not None and self.current.mode in modes:
             now = next((ms for ms, s in scored if s.mode is self.current.mode), None)
             if now is not None and best.mode is not self.current.mode and best_ms > SWITCH_GAIN * now:
@@ -283,14 +303,14 @@ class Policy:
         acc = self.acceptance
         return acc["l0_l1"].hit if acc["l0_l1"].proposals >= acc["l0_l2"].proposals else acc["l0_l2"].hit
 
-    def seconds_per_token(self, s: Structure) -> float | None:
+    def seconds_per_token(self, s: Structure, corrected: bool = True) -> float | None:
         """Predicted seconds per generated token of structure `s`, or None before any L2 timing:
-        its cycle cost (corrected by what its cycles really took) over the tokens a cycle yields."""
+        its cycle cost over the tokens a cycle yields, corrected by what its cycles really took."""
         cycle = self.cycle_cost(s)
         if cycle is None:
             return None
         seconds, tokens = cycle
-        return seconds * self._overhead(s.mode) / tokens
+        return seconds * (self._overhead(s.mode) if corrected else 1.0) / tokens
 
     def cycle_cost(self, s: Structure) -> tuple[float, float] | None:
         """(seconds of the forwards one cycle of `s` runs, tokens it yields), from the timed levels."""
@@ -312,19 +332,23 @@ class Policy:
         l1_cost = self._c("l0", g1) + h * self._c("l1", g1 + 1) + (1 - h) * self._c("l1", 1)
         return g2 * l1_cost / per_l1_forward + c2(g2 + 1), expected_tokens(self._rate("l1_l2"), g2)
 
-    def realized(self, s: Structure, seconds: float) -> None:
-        """A cycle of `s` took `seconds` of wall time, all included (drafting, acceptance, rollback,
-        retrieval rebuilds, Python): learn how far that is from the forwards the model counts."""
+    def realized(self, s: Structure, seconds: float, tokens: int) -> None:
+        """A cycle of `s` took `seconds` of wall time and yielded `tokens` tokens. Learn how far
+        that is from the model, per mode: wall time over predicted time for those tokens. It takes
+        in what the forwards do not show (drafting, acceptance, rollback, retrieval rebuilds,
+        Python) and how far real acceptance runs from the i.i.d. E(a, g) (n-gram drafts are
+        accepted whole or not at all)."""
         self._memo.clear()
-        cycle = self.cycle_cost(s)
-        if cycle is None or cycle[0] <= 0:
+        predicted = self.seconds_per_token(s, corrected=False)
+        if predicted is None or tokens < 1:
             return
-        ratio = seconds / cycle[0]
-        if ratio > OUTLIER:  # a one-off (an n-gram index built over the whole book): not a cost of the structure
+        expected = predicted * tokens
+        if seconds > OUTLIER * expected:  # a one-off (an n-gram index built over the whole book)
             return
-        ratio = max(ratio, 0.5)
-        old = self.overhead.get(s.mode)
-        self.overhead[s.mode] = ratio if old is None else (1 - OVERHEAD_WEIGHT) * old + OVERHEAD_WEIGHT * ratio
+        wall, model = self._realized.get(s.mode, (0.0, 0.0))
+        self._realized[s.mode] = (FORGET * wall + seconds, FORGET * model + expected)
+        wall, model = self._realized[s.mode]
+        self.overhead[s.mode] = max(0.5, min(OUTLIER, wall / model))
 
     def _overhead(self, mode: Mode) -> float:
         """Measured wall time / modelled forward time of `mode`'s cycles; a structure not yet run

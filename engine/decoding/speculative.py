@@ -178,7 +178,7 @@ class HierarchicalDecoder:
                 self._recent_l2.append(accepted / len(draft.tokens))
             self._since_rebuild += len(out)
         if self._policy_learns():
-            self.policy.realized(st, time.perf_counter() - started)
+            self.policy.realized(st, time.perf_counter() - started, len(out))
         return out
 
     def choice_metrics(self) -> dict:

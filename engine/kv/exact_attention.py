@@ -69,11 +69,11 @@ def exact_gqa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
         if hidden is None:
             hidden = hidden_tail(new, total, group)
         scores[:, :, total - new + 1:].masked_fill_(hidden, float("-inf"))
-    top = scores.amax(-1, keepdim=True)  # [Hkv, G*T, 1]: every row sees key 0
-    weights = scores.sub_(top).exp_().view(n_kv, rows, n_chunks, CHUNK)  # hidden keys -> exactly 0
-    sums = weights.sum(-1).cumsum(-1)[..., -1:]  # [Hkv, G*T, 1]
+    # the row's length is a whole number of chunks and what follows its own keys is -inf: the
+    # softmax's lane-wise max and sum only ever add exact zeros for them (hidden keys -> p = 0)
+    probs = torch.softmax(scores, dim=-1).view(n_kv, rows, n_chunks, CHUNK)
     per_chunk = torch.empty(n_kv, n_chunks, rows, dim, dtype=scores.dtype)
     for h in range(n_kv):  # one KV head at a time: its chunks are one contiguous batch, never copied
-        torch.bmm(weights[h].transpose(0, 1), values[h, :padded].view(n_chunks, CHUNK, dim), out=per_chunk[h])
-    outs = per_chunk.view(n_kv, n_chunks, rows * dim).cumsum(1)[:, -1].view(n_kv, rows, dim)
-    return outs.div_(sums).reshape(n_heads, new, dim).to(q.dtype)
+        torch.bmm(probs[h].transpose(0, 1), values[h, :padded].view(n_chunks, CHUNK, dim), out=per_chunk[h])
+    outs = per_chunk.view(n_kv, n_chunks, rows * dim).cumsum(1)[:, -1]  # [Hkv, G*T * D]
+    return outs.reshape(n_heads, new, dim).to(q.dtype)
