@@ -219,8 +219,9 @@ class Policy:
             live_l1 = self.current is not None and self.current.mode.uses_l1
             others = [(ms, s) for ms, s in scored  # no L1 cache rebuilt for one cycle
                       if (self.current is None or s.mode is not self.current.mode) and (live_l1 or not s.mode.uses_l1)]
-            if others:
-                ms, runner_up = min(others, key=lambda x: x[0])
+            if others:  # judged by the model alone: a mode once measured badly must get its chance
+                ms, runner_up = min(((self.seconds_per_token(s, corrected=False), s) for _, s in others),
+                                    key=lambda x: x[0])
                 if ms <= REFRESH_MARGIN * best_ms:
                     self._settled = False
                     return self._ran(runner_up)

@@ -162,6 +162,7 @@ class HierarchicalDecoder:
         self.structure = st = self._choose(seq)
         drafter, count, boundary = self._compose(st)
         draft = l0_draft([], None)
+        lookup = 0.0  # seconds of n-gram lookups: modelled as free, and left out of the cycle's wall time
         if drafter is not None:
             t0 = time.perf_counter()
             draft = drafter.propose(seq, count, self.settings.sampling, self.generator, self.answer_start)
@@ -169,6 +170,8 @@ class HierarchicalDecoder:
             # which indexes the whole book (seconds at 8K on a busy CPU) and would poison L0's cost
             if drafter.runs_model and not isinstance(drafter, RetrievalDrafter):
                 self.timed("l0", count, time.perf_counter() - t0)
+            elif not drafter.runs_model:
+                lookup = time.perf_counter() - t0
         out = self._verify_l2(seq, draft)
         accepted = len(out) - 1
         if boundary:
@@ -178,7 +181,7 @@ class HierarchicalDecoder:
                 self._recent_l2.append(accepted / len(draft.tokens))
             self._since_rebuild += len(out)
         if self._policy_learns():
-            self.policy.realized(st, time.perf_counter() - started, len(out))
+            self.policy.realized(st, time.perf_counter() - started - lookup, len(out))
         return out
 
     def choice_metrics(self) -> dict:
