@@ -226,3 +226,12 @@ def test_decode_starts_with_the_ngram_index_built_and_l1_selected_when_auto_ran_
     indexed, length, rebuilt, stale = seen[0]
     assert indexed == length  # every n-gram of prompt + first token indexed before the first cycle
     assert rebuilt == rebuilds + 1 and not stale  # L1 re-selected with the new question, up front
+
+
+def test_a_burst_of_load_moves_a_cost_estimate_little_and_a_fast_forward_a_lot():
+    costs = StepCosts()
+    costs.record("l2", 1, 0.040)
+    costs.record("l2", 1, 0.120)  # the machine was busy for one forward
+    assert costs.estimate("l2", 1) == pytest.approx(0.048)
+    costs.record("l2", 1, 0.030)  # quieter than ever: believed half at once
+    assert costs.estimate("l2", 1) == pytest.approx(0.039)

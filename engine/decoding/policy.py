@@ -39,6 +39,7 @@ PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 PRIOR_HIT = 0.5  # share of L0 proposals that are not empty (n-gram lookups often find nothing)
 REFRESH_EVERY = 6  # every 6th scoring (>= 24 cycles) the runner-up runs one cycle ...
 REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
+SLOWER_WEIGHT = 0.1  # weight of a forward slower than its estimate (faster ones: 0.5)
 OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
 
 
@@ -82,9 +83,17 @@ class StepCosts:
         self._lines: dict[str, tuple[float, float, float]] = {}  # level -> (mean n, mean t, slope), cached
 
     def record(self, level: str, tokens: int, seconds: float) -> None:
+        """Noise on a shared machine only ever adds time, so a faster sample is believed at once and
+        a slower one only moves the estimate a little (a burst of load must not price a structure
+        out for good: it may not run again to correct it)."""
         row = self.table[level]
         old = row.get(tokens)
-        row[tokens] = seconds if old is None else 0.7 * old + 0.3 * seconds
+        if old is None:
+            row[tokens] = seconds
+        elif seconds < old:
+            row[tokens] = 0.5 * old + 0.5 * seconds
+        else:
+            row[tokens] = old + SLOWER_WEIGHT * (seconds - old)
         self._lines.pop(level, None)
 
     def forget(self, level: str) -> None:
