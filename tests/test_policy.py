@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.decoding.policy import EXPLORE_CYCLES, OUTLIER, REFRESH_EVERY, RESCORE_EVERY, Policy, StepCosts, Structure, expected_tokens
+from engine.decoding.policy import EXPLORE_CYCLES, OUTLIER, REFRESH_CYCLES, Policy, StepCosts, Structure, expected_tokens
 from engine.decoding.session import ChatSession
 from engine.events import ChatMessage, DocumentText
 from engine.model.loading import load_folder
@@ -88,9 +88,8 @@ def test_exploration_is_bounded():
         if s.mode.uses_l0 and s.mode is not Mode.AR:
             p.costs.record("l0", s.gamma1, 0.01 * s.gamma1)  # a model drafter: 10 ms a token
             p.observe("l0_l2" if s.mode is Mode.DRAFT_ONLY else "l0_l1", s.gamma1, 0)  # L0 always wrong
-    # beyond exploration, only the runner-up's one-cycle refresh every REFRESH_EVERY scorings
-    # (a scoring every RESCORE_EVERY cycles when nothing moves)
-    refreshes = 60 // (REFRESH_EVERY * RESCORE_EVERY)
+    # beyond exploration, only the runner-up's one-cycle refresh every REFRESH_CYCLES cycles
+    refreshes = 60 // REFRESH_CYCLES
     assert runs[Mode.AR] >= 60 - 3 * EXPLORE_CYCLES - refreshes
     for m in (Mode.DRAFT_ONLY, Mode.RETRIEVAL_ONLY, Mode.TRIFORCE):
         assert runs[m] <= EXPLORE_CYCLES + refreshes

@@ -14,8 +14,8 @@ exact sample whatever structure ran it, so switching never changes what is gener
 
 The model counts forwards only. Each cycle's wall time against the model's prediction for the
 tokens it yielded is kept per mode (decayed sums) and scales that mode's score, so drafting,
-rollback, rebuilds, Python and acceptance that is not i.i.d. all count. Every REFRESH_EVERY
-scorings the runner-up (within REFRESH_MARGIN, and not needing an L1 cache that is not live) runs
+rollback, rebuilds, Python and acceptance that is not i.i.d. all count. After REFRESH_CYCLES
+cycles the runner-up (within REFRESH_MARGIN, and not needing an L1 cache that is not live) runs
 one cycle, so the estimates of a structure left long ago do not go stale.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ PRIOR_SLOPE = 0.15  # cost of each extra checked token, as a share of a 1-token 
 PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 PRIOR_HIT = 0.5  # share of L0 proposals that are not empty (n-gram lookups often find nothing)
-REFRESH_EVERY = 6  # every 6th scoring (>= 24 cycles) the runner-up runs one cycle ...
+REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cycle ...
 REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
 SLOWER_WEIGHT = 0.1  # weight of a forward slower than its estimate (faster ones: 0.5)
 OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
@@ -178,7 +178,7 @@ class Policy:
     _memo: dict = field(default_factory=dict, repr=False)  # inputs of the current choice
     _settled: bool = False  # the last scoring chose without exploring
     _since_score: int = 0  # cycles since the last scoring
-    _since_refresh: int = 0  # scorings since the runner-up last ran
+    _since_refresh: int = 0  # cycles since the runner-up last ran
     _scored_rates: dict = field(default_factory=dict)  # acceptance at the last scoring
 
     def new_turn(self) -> None:
@@ -222,8 +222,7 @@ class Policy:
             if self.tried.get(s.mode, 0) < EXPLORE_CYCLES and not self._explored(s.mode) and ms <= EXPLORE_MARGIN * best_ms:
                 return self._ran(s)
         self._settled = True
-        self._since_refresh += 1
-        if self._since_refresh >= REFRESH_EVERY:  # re-measure the runner-up once: estimates of a
+        if self._since_refresh >= REFRESH_CYCLES:  # re-measure the runner-up once: estimates of a
             self._since_refresh = 0  # structure left long ago go stale (costs move with the context)
             live_l1 = self.current is not None and self.current.mode.uses_l1
             others = [(ms, s) for ms, s in scored  # no L1 cache rebuilt for one cycle
@@ -257,6 +256,7 @@ class Policy:
         return new
 
     def _ran(self, chosen: Structure) -> Structure:
+        self._since_refresh += 1
         if self.current is not None and chosen.mode is not self.current.mode:
             self.switches += 1
         self.current = chosen
