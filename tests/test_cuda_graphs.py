@@ -33,7 +33,7 @@ def _fwd(runner, cache, ids, start):
 def test_static_forward_equals_dynamic_on_the_full_cache(kv_heads):
     runner = _runner(kv_heads)
     a = runner.arch
-    make = lambda: FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device)  # noqa: E731
+    make = lambda: FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device, exact=False)  # noqa: E731
     dyn, stat = make(), make()
     graphed = GraphedForward(runner, stat, use_graphs=False)
     ids = torch.randint(0, a.vocab_size, (CAP,), generator=torch.Generator().manual_seed(1))
@@ -58,7 +58,7 @@ def test_a_mask_off_by_one_would_be_caught():
     """Slots past the length hold stale K/V (rolled back): seeing them changes the logits."""
     runner = _runner()
     a = runner.arch
-    cache = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device)
+    cache = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device, exact=False)
     ids = torch.randint(0, a.vocab_size, (60,), generator=torch.Generator().manual_seed(2))
     _fwd(runner, cache, ids[:50], 0)
     cache.rollback(30)
@@ -73,7 +73,7 @@ def test_a_mask_off_by_one_would_be_caught():
 def test_static_forward_equals_dynamic_on_the_retrieval_cache():
     runner = _runner()
     a = runner.arch
-    fulls = [FullCache(a.n_layers, a.n_kv_heads, a.head_dim, 256, runner.dtype, runner.device) for _ in range(2)]
+    fulls = [FullCache(a.n_layers, a.n_kv_heads, a.head_dim, 256, runner.dtype, runner.device, exact=False) for _ in range(2)]
     ids = torch.randint(0, a.vocab_size, (220,), generator=torch.Generator().manual_seed(3))
     retrievals = []
     for full in fulls:
@@ -119,10 +119,10 @@ def test_unsupported_caches_and_devices_use_the_runners_forward():
     off = OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device, [1])
     wrapped = GraphedRunner(runner, use_graphs=False)
     ids = torch.arange(10) % a.vocab_size
-    ref = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device)
+    ref = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device, exact=False)
     assert torch.equal(wrapped.forward(ids, torch.arange(10), off), runner.forward(ids, torch.arange(10), ref))
     assert wrapped.arch is runner.arch and wrapped.device == runner.device  # a drop-in for the runner
-    full = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, 12, runner.dtype, runner.device)
+    full = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, 12, runner.dtype, runner.device, exact=False)
     g = wrapped.graphed(full)
     assert g is wrapped.graphed(full)
     full.capture_query = True

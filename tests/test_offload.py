@@ -32,7 +32,7 @@ def tiny4(tiny_model_dir):
 
 def _caches(runner: LlamaRunner, offloaded, **options):
     a = runner.arch
-    full = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device)
+    full = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device, exact=False)
     off = OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, runner.dtype, runner.device, offloaded, **options)
     return full, off
 
@@ -161,7 +161,7 @@ def test_two_device_layer_split_gives_identical_logits(tiny_model_dir, tiny4):
                                     layer_devices=["cpu", "cpu", "cpu", "cpu"])
     assert split.layer_devices == [torch.device("cpu")] * LAYERS
     a = one.arch
-    ref = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, one.dtype, one.device)
+    ref = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, one.dtype, one.device, exact=False)
     placed = OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, CAP, one.dtype, "cpu", [3],
                             layer_devices=split.layer_devices)
     ids = torch.randint(0, a.vocab_size, (70,), generator=torch.Generator().manual_seed(2))

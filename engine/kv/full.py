@@ -27,10 +27,12 @@ class FullCache(KVCache):
     _hidden: torch.Tensor | None = None
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
+                 dtype: torch.dtype, device: torch.device | str, exact: bool | None = None) -> None:
+        """exact: attend through the batch-invariant kernel (default: on the CPU; caches that stand
+        in for a card's, as tensor-parallel shards, pass False and attend as the card would)."""
         super().__init__(capacity, dtype, torch.device(device))
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
-        self.exact = self.device.type == "cpu"
+        self.exact = self.device.type == "cpu" if exact is None else exact
         shape = (n_kv_heads, padded_length(capacity) if self.exact else capacity, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]

@@ -138,7 +138,8 @@ class TensorParallelRunner:
                 parts.append(OffloadedCache(a.n_layers, heads, a.head_dim, capacity, self.dtype, shard.device,
                                             offloaded, **options))
             else:
-                parts.append(FullCache(a.n_layers, heads, a.head_dim, capacity, self.dtype, shard.device))
+                parts.append(FullCache(a.n_layers, heads, a.head_dim, capacity, self.dtype, shard.device,
+                                       exact=False))  # a card's shard, attended as on the card
         return ShardedFullCache(parts)
 
     # --- the forward ---------------------------------------------------------------------------
