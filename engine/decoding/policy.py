@@ -172,7 +172,6 @@ class Policy:
     current: Structure | None = None
     candidates: tuple[CandidateCost, ...] = ()
     switches: int = 0
-    overhead: dict[Mode, float] = field(default_factory=dict)  # wall time / predicted time, per mode
     _realized: dict = field(default_factory=dict, repr=False)  # mode -> (wall s, predicted s), decayed
     forced: list[Structure] | None = None  # tests: a script of structures to run, one per cycle
     _memo: dict = field(default_factory=dict, repr=False)  # inputs of the current choice
@@ -357,15 +356,12 @@ class Policy:
             return
         wall, model = self._realized.get(s.mode, (0.0, 0.0))
         self._realized[s.mode] = (FORGET * wall + seconds, FORGET * model + expected)
-        wall, model = self._realized[s.mode]
-        self.overhead[s.mode] = max(0.5, min(OUTLIER, wall / model))
 
     def _overhead(self, mode: Mode) -> float:
         """Measured wall time / modelled forward time of `mode`'s cycles; a structure not yet run
         gets the smallest seen so far (optimistic, so that bounded exploration still tries it), else 1."""
-        if mode in self.overhead:
-            return self.overhead[mode]
-        return min(self.overhead.values(), default=1.0)
+        ratios = {m: max(0.5, min(OUTLIER, wall / model)) for m, (wall, model) in self._realized.items()}
+        return ratios[mode] if mode in ratios else min(ratios.values(), default=1.0)
 
     def _best_of(self, mode: Mode, settings: DecodeSettings) -> tuple[float | None, Structure]:
         """The best gammas for `mode` and their predicted seconds per token."""

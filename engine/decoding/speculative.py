@@ -106,8 +106,7 @@ class HierarchicalDecoder:
         else:
             self._budget = None
         mode, last = Mode.of(self.settings.mode), self.policy.current
-        if mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY) or (
-                mode is Mode.AUTO and last is not None and last.mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY)):
+        if mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY) or (mode is Mode.AUTO and last is not None and last.mode.uses_l1):
             self.rebuild()  # with the prompt, as a fixed mode does (auto: it ran L1 last, so likely again)
         else:
             self._stale = True

@@ -8,20 +8,21 @@ tokens at 8K context).
 Where ordinary attention loses it: the softmax sum and the probs @ V product reduce over all S
 keys, and a verification row (which sees S - T + i + 1 keys, with the rest masked) is reduced
 with a different vector tail and a different BLAS blocking than the same row in a one-token step
-(S' = S - T + i + 1 keys, none masked). Here every reduction has a length fixed by the cache, not
-by the forward:
+(S' = S - T + i + 1 keys, none masked). Here no reduction's shape depends on the forward:
 - keys are read in CHUNK-sized chunks aligned to absolute positions (the buffer behind the cache
-  is CHUNK-padded; positions a row may not see are masked to -inf, so they add exact zeros);
-- the max is order-free; scores are dot products of length D; per chunk, the exp-sum and the
-  weighted sum of V reduce over exactly CHUNK keys;
-- the chunks are combined by a cumulative sum (a strictly left-to-right loop, accumulated in
-  float64 by torch on the CPU), whose last entry cannot change when trailing all-zero chunks are
-  appended.
-The one assumption left is that the BLAS computes a row of a batched matmul the same whatever the
-number of rows (M) and batches: true of the kernels tested (tests/test_exact_attention.py checks
-the whole function, decode against verification, bit for bit).
+  is CHUNK-padded); positions a row may not see are masked to -inf;
+- scores are dot products of length D; the softmax runs over rows a whole number of chunks long,
+  so its lane-wise max and sum meet the -inf tail only as exact zeros (no vector tail);
+- probs @ V is computed per chunk, a reduction over exactly CHUNK keys, and the chunks are
+  combined by a cumulative sum, a strictly left-to-right loop whose last entry cannot change when
+  trailing all-zero chunks are appended.
+The assumption left is that the BLAS computes a row of a batched matmul the same whatever the
+number of rows (M) and batches: true of the kernels tested here with CHUNK = 256 (not with 1024),
+and tests/test_exact_attention.py checks the whole function, decode against verification, bit for
+bit, on the machine it runs on.
 
-It reads every K/V byte once, as the plain kernel does; its cost is a few more small tensor ops.
+It reads every K/V byte once, as the plain kernel does; a one-token step costs a few more small
+tensor ops (~0.1 ms per layer), a verification forward about the same as the plain kernel or less.
 """
 from __future__ import annotations
 

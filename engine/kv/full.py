@@ -43,7 +43,7 @@ class FullCache(KVCache):
         self._cos, self._sin = rope.cos_sin(positions, self.dtype)
         self._invariant = self.exact and self._new <= MAX_ROWS
         self._mask = None if self._invariant else causal_mask(self._new, self.length + self._new, self.device)
-        self._hidden: torch.Tensor | None = None  # the exact kernel's mask, built at the first layer
+        self._hidden = None  # the exact kernel's mask, built at the first layer
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q = rotate(q, self._cos, self._sin)  # [Hq, T, D]
