@@ -14,7 +14,7 @@ import torch
 
 from engine.decoding.acceptance import Verdict, target_probs, verify
 from engine.kv.full import FullCache
-from engine.decoding.drafters import ModelDrafter
+from engine.decoding.drafters import ModelDrafter, NgramDrafter
 from engine.decoding.policy import Structure
 from engine.model.runner import LlamaRunner
 from engine.settings import DecodeSettings, Mode, Sampling
@@ -64,10 +64,12 @@ def exact_distribution(target: LlamaRunner, first: int, steps: int) -> list[torc
     return marginals
 
 
-def triforce_samples(target: LlamaRunner, draft: LlamaRunner, first: int, steps: int, l1_rule,
-                     mode: str = "triforce", script: list[Structure] | None = None) -> torch.Tensor:
+def triforce_samples(target: LlamaRunner, draft: LlamaRunner | None, first: int, steps: int, l1_rule,
+                     mode: str = "triforce", script: list[Structure] | None = None,
+                     draft_length=None) -> torch.Tensor:
     """SAMPLES runs of TriForce (or `mode`, its policy scripted by `script`) from the same
-    prefilled prompt; returns counts [steps, VOCAB]."""
+    prefilled prompt (draft None: n-gram lookups as L0, `draft_length` replacing the policy's rule
+    for how far to check them); returns counts [steps, VOCAB]."""
     settings = DecodeSettings(mode=mode, budget=16, chunk=8, gamma1=2, gamma2=3, sampling=SAMPLING,
                               max_new_tokens=steps + 1)
     full = FullCache(2, 2, 8, 256, torch.float32, "cpu")
@@ -75,10 +77,12 @@ def triforce_samples(target: LlamaRunner, draft: LlamaRunner, first: int, steps:
     target.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), full)
     query = list(full.last_query)
     generator = torch.Generator().manual_seed(1234)
-    drafter = ModelDrafter(draft, sinks=2, window=8)
+    drafter = ModelDrafter(draft, sinks=2, window=8) if draft is not None else NgramDrafter()
     decoder = HierarchicalDecoder(target, full, drafter, settings, generator)
     decoder.l1_verify = l1_rule
     decoder.policy.forced = list(script) if script else None
+    if draft_length is not None:
+        decoder.policy.draft_length = draft_length
     counts = torch.zeros(steps, VOCAB, dtype=torch.float64)
     for _ in range(SAMPLES):
         full.rollback(len(PROMPT))
@@ -176,3 +180,33 @@ def test_chi_square_helper_is_calibrated():
     probs = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
     assert chi_square_p_value(torch.tensor([500.0, 300.0, 200.0]), probs) > 0.99
     assert chi_square_p_value(torch.tensor([600.0, 250.0, 150.0]), probs) < 1e-6
+
+
+LOOKUP_SWITCHING = [Structure(Mode.DRAFT_ONLY, 4, 1, by_match=True), Structure(Mode.TRIFORCE, 3, 2), Structure(Mode.AR)]
+
+
+def _alternating_length():
+    calls = []
+
+    def draft_length(level, boundary, match, offered):  # uses the guess and the call count only
+        calls.append(match)
+        return [0, offered, 1, max(0, offered - 1)][len(calls) % 4]
+    draft_length.calls = calls
+    return draft_length
+
+
+@pytest.mark.parametrize("script,rule", [(LOOKUP_SWITCHING, "alternating"), (None, "policy")],
+                         ids=["lookups-checked-in-part", "unscripted-lookups"])
+def test_auto_over_lookups_matches_exact_target_distribution(models, script, rule):
+    """auto with n-gram lookups as L0, each guess checked only in part (by a rule that never sees
+    the target's verdict, as the policy's own), and auto left to its own choices."""
+    target, _ = models
+    first = 5
+    exact = exact_distribution(target, first, STEPS)
+    length = _alternating_length() if rule == "alternating" else None
+    counts = triforce_samples(target, None, first, STEPS, verify, mode="auto", script=script, draft_length=length)
+    for i in range(STEPS):
+        p_value = chi_square_p_value(counts[i], exact[i])
+        assert p_value > 1e-3, f"token {i + 2}: auto over lookups' distribution differs (p={p_value:.2e})"
+    if length is not None:
+        assert len(length.calls) > SAMPLES and any(length.calls)  # guesses were offered, matched and cut
