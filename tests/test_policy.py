@@ -231,11 +231,32 @@ def test_decode_starts_with_the_ngram_index_built_and_l1_selected_when_auto_ran_
 
 def test_a_burst_of_load_moves_a_cost_estimate_little_and_a_fast_forward_a_lot():
     costs = StepCosts()
-    costs.record("l2", 1, 0.040)
+    for _ in range(5):
+        costs.record("l2", 1, 0.040)
+        costs.record("l1", 1, 0.020)
     costs.record("l2", 1, 0.120)  # the machine was busy for one forward
-    assert costs.estimate("l2", 1) == pytest.approx(0.048)
-    costs.record("l2", 1, 0.030)  # quieter than ever: believed half at once
-    assert costs.estimate("l2", 1) == pytest.approx(0.039)
+    assert 0.040 < costs.estimate("l2", 1) < 0.070  # well under half the way
+    assert costs.estimate("l1", 1) / costs.estimate("l2", 1) == pytest.approx(0.5, rel=0.1)  # both moved
+    for _ in range(5):
+        costs.record("l2", 1, 0.040)
+    assert costs.estimate("l2", 1) == pytest.approx(0.040, rel=0.05)
+    assert costs.estimate("l1", 1) == pytest.approx(0.020, rel=0.05)
+
+
+def test_a_slow_phase_of_the_machine_moves_every_level_alike():
+    """L1 timed in a fast phase, then only L2 for a long slow one: L1's estimate follows the
+    machine, so L1 is not favoured for having been timed at a good moment."""
+    costs = StepCosts()
+    for _ in range(5):
+        costs.record("l1", 1, 0.020)
+        costs.record("l2", 1, 0.040)
+    for _ in range(60):
+        costs.record("l2", 1, 0.060)  # the machine now runs 1.5x slower
+    assert costs.estimate("l2", 1) == pytest.approx(0.060, rel=0.05)
+    assert costs.estimate("l1", 1) / costs.estimate("l2", 1) == pytest.approx(0.5, rel=0.1)
+    for _ in range(60):
+        costs.record("l2", 1, 0.040)  # and fast again
+    assert costs.estimate("l1", 1) == pytest.approx(0.020, rel=0.05)  # no drift from the round trip
 
 
 def test_a_lookup_says_how_much_context_its_guess_matched():

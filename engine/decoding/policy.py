@@ -48,7 +48,8 @@ PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 PRIOR_HIT = 0.5  # share of L0 proposals that are not empty (n-gram lookups often find nothing)
 REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cycle ...
 REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
-SLOWER_WEIGHT = 0.1  # weight of a forward slower than its estimate (faster ones: 0.5)
+SPEED_WEIGHT = 0.4  # how far one forward moves the machine-wide speed factor (log space) ...
+ENTRY_WEIGHT = 0.1  # ... and its own level's entry, once divided by that factor
 OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
 # lookup guesses, pooled by how much context they matched (match_class): per-token acceptance and
 # share of offers before any is measured (a copy in progress, 8+ matching tokens, is usually right)
@@ -97,24 +98,30 @@ class Structure:
 
 class StepCosts:
     """Seconds per forward at each level ("l0": one whole proposal, "l1", "l2"), per tokens checked,
-    as moving averages; `estimate` fits cost(n) = base + slope * (n - 1) through what was measured."""
+    as moving averages; `estimate` fits cost(n) = base + slope * (n - 1) through what was measured.
+
+    A shared machine runs in phases (the same forward took 30 ms for a minute, then 43 ms for the
+    next), and the levels are timed at different moments: L1 in a fast phase, then L2 for a minute
+    in a slow one, would make L1 look far cheaper than it is. So every sample also moves one
+    machine-wide `speed` factor (SPEED_WEIGHT, in log space); the table holds costs divided by the
+    factor at the time, and estimates multiply it back, so a phase moves every level alike."""
 
     def __init__(self) -> None:
         self.table: dict[str, dict[int, float]] = {"l0": {}, "l1": {}, "l2": {}}
         self._lines: dict[str, tuple[float, float, float]] = {}  # level -> (mean n, mean t, slope), cached
+        self.speed = 1.0  # how slow the machine runs now, relative to when the first sample was taken
 
     def record(self, level: str, tokens: int, seconds: float) -> None:
-        """Noise on a shared machine only ever adds time, so a faster sample is believed at once and
-        a slower one only moves the estimate a little (a burst of load must not price a structure
-        out for good: it may not run again to correct it)."""
+        """Most of a sample's surprise goes into the machine-wide factor, so a burst of load moves
+        every level alike and decays as the next forwards come in; it cannot price one structure
+        out for good (a structure priced out may never run again to correct it)."""
         row = self.table[level]
         old = row.get(tokens)
         if old is None:
-            row[tokens] = seconds
-        elif seconds < old:
-            row[tokens] = 0.5 * old + 0.5 * seconds
+            row[tokens] = seconds / self.speed
         else:
-            row[tokens] = old + SLOWER_WEIGHT * (seconds - old)
+            self.speed *= (seconds / (old * self.speed)) ** SPEED_WEIGHT
+            row[tokens] = old + ENTRY_WEIGHT * (seconds / self.speed - old)
         self._lines.pop(level, None)
 
     def forget(self, level: str) -> None:
@@ -130,12 +137,12 @@ class StepCosts:
         if not row:
             return None
         if tokens in row:
-            return row[tokens]
+            return self.speed * row[tokens]
         line = self._lines.get(level)
         if line is None:
             self._lines[level] = line = self._fit(row)
         mean_n, mean_t, slope = line
-        return max(1e-6, mean_t + slope * (tokens - mean_n))
+        return self.speed * max(1e-6, mean_t + slope * (tokens - mean_n))
 
     @staticmethod
     def _fit(row: dict[int, float]) -> tuple[float, float, float]:
