@@ -184,12 +184,18 @@ def test_wall_time_beyond_the_modelled_forwards_steers_the_choice():
     assert before < policy.seconds_per_token(ar)
     policy.realized(draft, OUTLIER * 2 * before * 3, 3)  # an n-gram index built over the whole book
     assert policy.seconds_per_token(draft) == pytest.approx(before)
+    policy.tried = {Mode.AR: EXPLORE_CYCLES, Mode.DRAFT_ONLY: EXPLORE_CYCLES}
     policy.realized(ar, 0.010, 1)
+    policy.realized(draft, 2.0 * before * 3, 3)
+    one = policy.seconds_per_token(draft)
+    assert 1.2 * before < one < 1.5 * before  # one slow cycle counts, against 2 cycles of prior
     for _ in range(12):
         policy.realized(draft, 2.0 * before * 3, 3)
-    assert policy.seconds_per_token(draft) == pytest.approx(2.0 * before)
+    assert 1.7 * before < policy.seconds_per_token(draft) < 2.0 * before
     assert policy.seconds_per_token(ar) == pytest.approx(0.010)
     assert policy.seconds_per_token(draft, corrected=False) == pytest.approx(before)
+    policy.tried[Mode.DRAFT_ONLY] = 1  # still exploring: judged by the model (optimistic) until measured
+    assert policy.seconds_per_token(draft) == pytest.approx(before)
 
 
 def test_a_close_runner_up_is_run_again_now_and_then():

@@ -51,6 +51,7 @@ REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
 SPEED_WEIGHT = 0.4  # how far one forward moves the machine-wide speed factor (log space) ...
 ENTRY_WEIGHT = 0.1  # ... and its own level's entry, once divided by that factor
 OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
+RATIO_PRIOR_CYCLES = 2.0  # a mode's wall/model ratio starts as 2 cycles' worth of 1.0
 # lookup guesses, pooled by how much context they matched (match_class): per-token acceptance and
 # share of offers before any is measured (a copy in progress, 8+ matching tokens, is usually right)
 PRIOR_MATCH_ACCEPTANCE = {2: 0.35, 3: 0.45, 4: 0.6, 8: 0.85}
@@ -200,7 +201,7 @@ class Policy:
     current: Structure | None = None
     candidates: tuple[CandidateCost, ...] = ()
     switches: int = 0
-    _realized: dict = field(default_factory=dict, repr=False)  # mode -> (wall s, predicted s), decayed
+    _realized: dict = field(default_factory=dict, repr=False)  # mode -> (wall s, predicted s, cycles), decayed
     forced: list[Structure] | None = None  # tests: a script of structures to run, one per cycle
     _memo: dict = field(default_factory=dict, repr=False)  # inputs of the current choice
     _settled: bool = False  # the last scoring chose without exploring
@@ -449,14 +450,22 @@ class Policy:
         expected = predicted * tokens
         if seconds > OUTLIER * expected:  # a one-off (an n-gram index built over the whole book)
             return
-        wall, model = self._realized.get(s.mode, (0.0, 0.0))
-        self._realized[s.mode] = (FORGET * wall + seconds, FORGET * model + expected)
+        wall, model, cycles = self._realized.get(s.mode, (0.0, 0.0, 0.0))
+        self._realized[s.mode] = (FORGET * wall + seconds, FORGET * model + expected, FORGET * cycles + 1.0)
 
     def _overhead(self, mode: Mode) -> float:
-        """Measured wall time / modelled forward time of `mode`'s cycles; a structure not yet run
-        gets the smallest seen so far (optimistic, so that bounded exploration still tries it), else 1."""
-        ratios = {m: max(0.5, min(OUTLIER, wall / model)) for m, (wall, model) in self._realized.items()}
-        return ratios[mode] if mode in ratios else min(ratios.values(), default=1.0)
+        """Measured wall time / modelled forward time of `mode`'s cycles, pulled toward 1 by
+        RATIO_PRIOR_CYCLES cycles' worth of prior (one unlucky cycle, a 4-token check rejected at
+        its first token, must not price a mode out). A structure still within its exploration
+        cycles gets the smallest ratio seen (optimistic, so that it is measured before it is judged)."""
+        ratios = {}
+        for m, (wall, model, cycles) in self._realized.items():
+            prior = RATIO_PRIOR_CYCLES * model / cycles
+            ratios[m] = max(0.5, min(OUTLIER, (wall + prior) / (model + prior)))
+        optimistic = min(ratios.values(), default=1.0)
+        if mode not in ratios or self.tried.get(mode, 0) < EXPLORE_CYCLES:
+            return min(optimistic, ratios.get(mode, optimistic))
+        return ratios[mode]
 
     def _best_of(self, mode: Mode, settings: DecodeSettings) -> tuple[float | None, Structure]:
         """The best gammas for `mode` and their predicted seconds per token."""
