@@ -188,7 +188,7 @@ LOOKUP_SWITCHING = [Structure(Mode.DRAFT_ONLY, 4, 1, by_match=True), Structure(M
 def _alternating_length():
     calls = []
 
-    def draft_length(level, boundary, match, offered):  # uses the guess and the call count only
+    def draft_length(level, match, offered):  # uses the guess and the call count only
         calls.append(match)
         return [0, offered, 1, max(0, offered - 1)][len(calls) % 4]
     draft_length.calls = calls

@@ -276,7 +276,7 @@ class RetrievalDrafter:
             if k and self.inner.runs_model:  # n-gram lookups: free, bar the one-off indexing
                 self.meter.timed("l0", k, time.perf_counter() - t0)
             if k:
-                inner = self.meter.weigh("l1", "l0_l1", inner, self.inner)
+                inner = self.meter.weigh("l1", inner, self.inner)
             d0 = inner.tokens
             start = len(local) - 1
             tokens = torch.tensor([local[-1]] + d0, device=self.runner.device)

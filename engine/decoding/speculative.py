@@ -192,7 +192,7 @@ class HierarchicalDecoder:
             elif not drafter.runs_model:
                 lookup = time.perf_counter() - t0
             if st.by_match:
-                draft = self.weigh("l2", "l0_l2", draft, drafter)
+                draft = self.weigh("l2", draft, drafter)
         out = self._verify_l2(seq, draft)
         accepted = len(out) - 1
         if boundary:
@@ -237,12 +237,12 @@ class HierarchicalDecoder:
         """The guess's match length when the policy weighs lookup guesses (auto), else None."""
         return draft.match if self._policy_learns() and not drafter.runs_model else None
 
-    def weigh(self, level: str, boundary: str, draft: Draft, drafter: Drafter) -> Draft:
+    def weigh(self, level: str, draft: Draft, drafter: Drafter) -> Draft:
         """Under auto, a lookup guess is checked only as far as it pays (Policy.draft_length): a weak
         2-token match costs a wider forward for little, a long match is a copy worth checking far."""
         if self.lookup_match(draft, drafter) is None or not draft.tokens:
             return draft
-        return draft.first(self.policy.draft_length(level, boundary, draft.match, len(draft.tokens)))
+        return draft.first(self.policy.draft_length(level, draft.match, len(draft.tokens)))
 
     def _verify_l2(self, seq: list[int], draft: Draft) -> list[tuple[int, Level]]:
         """The target with its full cache checks the draft; returns accepted drafts + one L2 token."""
