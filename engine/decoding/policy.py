@@ -50,7 +50,8 @@ REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cyc
 REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
 SPEED_WEIGHT = 0.4  # how far one forward moves the machine-wide speed factor (log space) ...
 ENTRY_WEIGHT = 0.1  # ... and its own level's entry, once divided by that factor
-OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
+OUTLIER = 3.0  # a mode's wall/model ratio is held within [0.5, 3]
+STALL = 10.0  # one cycle counts for at most 10x its modelled time (a stall of the machine, not the mode)
 RATIO_PRIOR_CYCLES = 2.0  # a mode's wall/model ratio starts as 2 cycles' worth of 1.0
 # lookup guesses, pooled by how much context they matched (match_class): per-token acceptance and
 # share of offers before any is measured (a copy in progress, 8+ matching tokens, is usually right)
@@ -449,8 +450,10 @@ class Policy:
         if predicted is None or tokens < 1:
             return
         expected = predicted * tokens
-        if seconds > OUTLIER * expected:  # a one-off (an n-gram index built over the whole book)
-            return
+        # no cycle is skipped: one that yields 3 tokens where 9 were expected (L1 rejected early)
+        # is the mode's real cost, and leaving such cycles out priced triforce at 27 ms/token at 8K
+        # where it ran at 35-45; the n-gram index over a new prompt is built before decoding
+        seconds = min(seconds, STALL * expected)
         wall, model, cycles = self._realized.get(s.mode, (0.0, 0.0, 0.0))
         self._realized[s.mode] = (FORGET * wall + seconds, FORGET * model + expected, FORGET * cycles + 1.0)
 
