@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from engine.decoding.drafters import NgramDrafter
-from engine.decoding.policy import (EXPLORE_CYCLES, OUTLIER, REFRESH_CYCLES, Policy, StepCosts, Structure,
-                                    expected_tokens, match_class)
+from engine.decoding.policy import EXPLORE_CYCLES, OUTLIER, REFRESH_CYCLES, Policy, StepCosts, Structure, expected_tokens
 from engine.decoding.session import ChatSession
 from engine.events import ChatMessage, DocumentText
 from engine.model.loading import load_folder
-from engine.settings import DecodeSettings, Mode, Sampling
+from engine.settings import DecodeSettings, Mode
 from streams import answer_tokens
 from test_lossless import assert_identical_or_near_tie
 
 AUTO = DecodeSettings(mode="auto", budget=64, chunk=16)
 FIXED = [Structure(Mode.AR), Structure(Mode.DRAFT_ONLY, 3, 1), Structure(Mode.RETRIEVAL_ONLY, 1, 4),
-         Structure(Mode.TRIFORCE, 2, 5), Structure(Mode.DRAFT_ONLY, 8, 1, by_match=True)]
+         Structure(Mode.TRIFORCE, 2, 5)]
 
 
 def test_expected_tokens_matches_the_geometric_series():
@@ -182,22 +180,14 @@ def test_wall_time_beyond_the_modelled_forwards_steers_the_choice():
     ar, draft = Structure(Mode.AR), Structure(Mode.DRAFT_ONLY, gamma1=3)
     before = policy.seconds_per_token(draft)
     assert before < policy.seconds_per_token(ar)
-    policy.tried = {Mode.DRAFT_ONLY: EXPLORE_CYCLES}
-    policy.realized(draft, 1000.0, 3)  # the machine stalled: counts as STALL x its model, no more
-    assert policy.seconds_per_token(draft) <= OUTLIER * before
-    policy._realized.clear()
-    policy.tried = {Mode.AR: EXPLORE_CYCLES, Mode.DRAFT_ONLY: EXPLORE_CYCLES}
+    policy.realized(draft, OUTLIER * 2 * before * 3, 3)  # an n-gram index built over the whole book
+    assert policy.seconds_per_token(draft) == pytest.approx(before)
     policy.realized(ar, 0.010, 1)
-    policy.realized(draft, 2.0 * before * 3, 3)
-    one = policy.seconds_per_token(draft)
-    assert 1.2 * before < one < 1.5 * before  # one slow cycle counts, against 2 cycles of prior
     for _ in range(12):
         policy.realized(draft, 2.0 * before * 3, 3)
-    assert 1.7 * before < policy.seconds_per_token(draft) < 2.0 * before
+    assert policy.seconds_per_token(draft) == pytest.approx(2.0 * before)
     assert policy.seconds_per_token(ar) == pytest.approx(0.010)
     assert policy.seconds_per_token(draft, corrected=False) == pytest.approx(before)
-    policy.tried[Mode.DRAFT_ONLY] = 1  # still exploring: judged by the model (optimistic) until measured
-    assert policy.seconds_per_token(draft) == pytest.approx(before)
 
 
 def test_a_close_runner_up_is_run_again_now_and_then():
@@ -239,157 +229,8 @@ def test_decode_starts_with_the_ngram_index_built_and_l1_selected_when_auto_ran_
 
 def test_a_burst_of_load_moves_a_cost_estimate_little_and_a_fast_forward_a_lot():
     costs = StepCosts()
-    for _ in range(5):
-        costs.record("l2", 1, 0.040)
-        costs.record("l1", 1, 0.020)
+    costs.record("l2", 1, 0.040)
     costs.record("l2", 1, 0.120)  # the machine was busy for one forward
-    assert 0.040 < costs.estimate("l2", 1) < 0.070  # well under half the way
-    assert costs.estimate("l1", 1) / costs.estimate("l2", 1) == pytest.approx(0.5, rel=0.1)  # both moved
-    for _ in range(5):
-        costs.record("l2", 1, 0.040)
-    assert costs.estimate("l2", 1) == pytest.approx(0.040, rel=0.05)
-    assert costs.estimate("l1", 1) == pytest.approx(0.020, rel=0.05)
-
-
-def test_a_slow_phase_of_the_machine_moves_every_level_alike():
-    """L1 timed in a fast phase, then only L2 for a long slow one: L1's estimate follows the
-    machine, so L1 is not favoured for having been timed at a good moment."""
-    costs = StepCosts()
-    for _ in range(5):
-        costs.record("l1", 1, 0.020)
-        costs.record("l2", 1, 0.040)
-    for _ in range(60):
-        costs.record("l2", 1, 0.060)  # the machine now runs 1.5x slower
-    assert costs.estimate("l2", 1) == pytest.approx(0.060, rel=0.05)
-    assert costs.estimate("l1", 1) / costs.estimate("l2", 1) == pytest.approx(0.5, rel=0.1)
-    for _ in range(60):
-        costs.record("l2", 1, 0.040)  # and fast again
-    assert costs.estimate("l1", 1) == pytest.approx(0.020, rel=0.05)  # no drift from the round trip
-
-
-def test_a_lookup_says_how_much_context_its_guess_matched():
-    drafter = NgramDrafter()
-    copy = [5, 6, 7, 8, 9, 10, 11, 1, 2, 3, 5, 6, 7, 8, 9, 10]  # the last 6 tokens occurred at the start
-    draft = drafter.propose(copy, 3, Sampling(), None)
-    assert draft.tokens == [11, 1, 2] and draft.match == 6
-    weak = [1, 2, 9, 4, 4, 1, 2]  # only "1 2" recurs
-    draft = NgramDrafter().propose(weak, 2, Sampling(), None)
-    assert draft.tokens == [9, 4] and draft.match == 2
-    assert draft.first(1).tokens == [9] and draft.first(1).match == 2 and draft.first(5) is draft
-    assert NgramDrafter().propose([1, 2, 3, 4], 2, Sampling(), None).match == 0
-    long = list(range(40)) + list(range(40))
-    assert NgramDrafter().propose(long, 2, Sampling(), None).match == NgramDrafter.MAX_MATCH
-    assert [match_class(n) for n in (0, 2, 3, 4, 7, 8, 16)] == [0, 2, 3, 4, 4, 8, 8]
-
-
-def _costed_policy(slope: float = 0.015) -> Policy:
-    p = Policy()
-    for n in range(1, 18):
-        p.costs.record("l2", n, 0.100 + slope * (n - 1))
-    return p
-
-
-def test_lookup_guesses_are_checked_only_as_far_as_they_pay():
-    """A copy in progress (long match, always right) is checked far; a weak 2-token match that is
-    always wrong is not checked at all (a plain step costs less); an unmeasured class gets its prior."""
-    p = _costed_policy()
-    for _ in range(60):
-        p.observe("l0_l2", 8, 8, match=12)
-        p.observe("l0_l2", 4, 0, match=2)
-    assert p.draft_length("l2", 12, 16) == 16
-    assert p.draft_length("l2", 2, 16) == 0
-    assert p.draft_length("l2", 0, 16) == 0
-    assert 1 <= p.draft_length("l2", 3, 16) <= 4  # prior 0.45: a short check pays
-    assert p.draft_length("l2", 12, 5) == 5  # never more than was offered
-    steep = _costed_policy(slope=0.2)  # each extra token costs a fifth of a step: only sure guesses pay
-    for _ in range(60):
-        steep.observe("l0_l2", 4, 1, match=3)
-    assert steep.draft_length("l2", 3, 16) == 0
-    assert Policy().draft_length("l2", 3, 7) == 7  # nothing timed yet: check what was offered
-
-
-def test_auto_over_lookups_scores_draft_only_by_its_match_classes():
-    """With a lookup as L0, draft-only is one structure whose cycles check each guess as far as it
-    pays: chosen when offers are copies in progress, and not over ar when every guess is wrong."""
-    copying = _measured_policy(l0_l2=0.3, l1_l2=0.0, l0_l1=0.0, l1_share=0.95)
-    copying.lookup = True
-    for _ in range(100):
-        copying.observe("l0_l2", 16, 16, match=10)
-    chosen = copying.choose(AUTO, has_l0=True, context_tokens=8000)
-    assert chosen.mode is Mode.DRAFT_ONLY and chosen.by_match and chosen.label == "draft-only g1<=16"
-    seconds, tokens = copying.cycle_cost(chosen)
-    assert tokens > 10 and seconds < 0.5  # ~16 tokens for one wide forward
-    wrong = _measured_policy(l0_l2=0.0, l1_l2=0.0, l0_l1=0.0, l1_share=0.95)
-    wrong.lookup = True
-    for _ in range(100):
-        wrong.observe("l0_l2", 4, 0, match=2)
-        wrong.observe("l0_l2", 0, 0, match=0)
-    draft_only = Structure(Mode.DRAFT_ONLY, 16, 1, by_match=True)
-    ar_s = wrong.seconds_per_token(Structure(Mode.AR))
-    # each class is checked only where it beats a plain step, so the mixture is never slower than
-    # ar; here only the unseen classes' priors leave it a sliver ahead
-    assert 0.97 * ar_s <= wrong.seconds_per_token(draft_only) <= ar_s
-    assert wrong.draft_length("l2", 2, 16) == 0
-
-
-def test_auto_checks_lookup_guesses_where_the_policy_says(tiny, sample_text):
-    """The decoder asks the policy how far to check each lookup guess, at L2 (draft-only) and at
-    L1 (triforce's inner loop), and the output is still AR's."""
-    doc = [DocumentText("Hamlet", sample_text[:3000])]
-    messages = [ChatMessage("user", "Repeat the first line of the play.")]
-    ar = ChatSession(tiny, DecodeSettings(mode="ar", max_new_tokens=48), draft="none", capacity=2048)
-    reference, _ = answer_tokens(ar, messages, doc)
-    session = ChatSession(tiny, AUTO.replace(max_new_tokens=48), draft="ngram", capacity=2048)
-    policy = session.decoder.policy
-    policy.forced = [Structure(Mode.DRAFT_ONLY, 8, 1, by_match=True), Structure(Mode.TRIFORCE, 4, 3)]
-    asked, checked = [], []
-
-    def draft_length(level, match, offered):
-        asked.append(level)
-        return 0 if len(asked) % 2 else offered - 1  # any rule that does not look at the verdict
-
-    policy.draft_length = draft_length
-    original_observe = policy.observe
-    policy.observe = lambda b, proposed, accepted, match=None: (checked.append((b, proposed, match)),
-                                                               original_observe(b, proposed, accepted, match))
-    got, _ = answer_tokens(session, messages, doc)
-    assert got == reference
-    assert {"l2", "l1"} <= set(asked)
-    lookups = [(b, n, m) for b, n, m in checked if b in ("l0_l2", "l0_l1")]
-    assert lookups and all(m is not None for _, _, m in lookups)
-    assert any(n == 0 and m for _, n, m in lookups)  # an offered guess left unchecked
-
-
-def test_an_unmeasured_l1_is_priced_from_the_empty_cache_floor():
-    """L1 differs from L2 only in the keys it attends over: with a forward over an empty cache
-    costing most of L2's (short context), L1 is priced near L2; with a long context, far below."""
-    p = Policy()
-    p.costs.record("l2", 1, 0.100)
-    assert p.l1_share() == pytest.approx(0.6)  # no floor measured: the prior
-    p.floor, p.l1_keys = 0.085, 0.25  # 1K tokens: attention is 15 % of a forward
-    assert p.l1_share() == pytest.approx(0.85 + 0.15 * 0.25)
-    p.floor, p.l1_keys = 0.040, 0.13  # 8K tokens
-    assert p.l1_share() == pytest.approx(0.40 + 0.60 * 0.13)
-    assert p.cycle_cost(Structure(Mode.RETRIEVAL_ONLY, 1, 3))[0] == pytest.approx(3 * 0.100 * p.l1_share() + p._c("l2", 4))
-
-
-def test_auto_measures_the_floor_once_per_session(tiny, sample_text):
-    session = ChatSession(tiny, AUTO.replace(max_new_tokens=4), draft="ngram", capacity=2048)
-    doc = [DocumentText("Hamlet", sample_text[:2000])]
-    answer_tokens(session, [ChatMessage("user", "Who is Horatio?")], doc)
-    floor = session.decoder.policy.floor
-    assert floor is not None and floor > 0
-    answer_tokens(session, [ChatMessage("user", "Who is Ophelia?")], doc)
-    assert session.decoder.policy.floor == floor
-    assert 0 < session.decoder.policy.l1_keys < 1  # budget + headroom over the ~600 tokens held
-
-
-def test_lookup_guesses_checked_inside_triforce_inform_draft_only():
-    """Guesses are pooled over L1 and L2: copies seen while triforce ran make draft-only's score."""
-    p = _measured_policy(l0_l2=0.3, l1_l2=0.9, l0_l1=0.3, l1_share=0.5)
-    p.lookup = True
-    draft_only = Structure(Mode.DRAFT_ONLY, 16, 1, by_match=True)
-    before = p.seconds_per_token(draft_only)
-    for _ in range(40):
-        p.observe("l0_l1", 8, 8, match=12)  # inside triforce: every offer a copy, always right
-    assert p.seconds_per_token(draft_only) < 0.5 * before
+    assert costs.estimate("l2", 1) == pytest.approx(0.048)
+    costs.record("l2", 1, 0.030)  # quieter than ever: believed half at once
+    assert costs.estimate("l2", 1) == pytest.approx(0.039)

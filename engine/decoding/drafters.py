@@ -29,14 +29,6 @@ class Draft:
     tokens: list[int]
     probs: torch.Tensor | None
     levels: list[Level]
-    match: int = 0  # a lookup's guess: how many tokens of context it matched (0: not a lookup, or none found)
-
-    def first(self, count: int) -> "Draft":
-        """The first `count` guesses (a policy may check fewer than were offered)."""
-        if count >= len(self.tokens):
-            return self
-        probs = None if self.probs is None else self.probs[:count]
-        return Draft(self.tokens[:count], probs, self.levels[:count], self.match)
 
 
 def l0_draft(tokens: list[int], probs: torch.Tensor | None) -> Draft:
@@ -87,11 +79,7 @@ class NoDrafter:
 class NgramDrafter:
     """Prompt-lookup drafting: find the latest earlier occurrence of the sequence's last n tokens
     (n = max_n down to min_n) anywhere in the conversation, document included, and propose what
-    followed it. Costs no model forward. The draft says how long the match really is (compared
-    back up to MAX_MATCH tokens): a guess that follows 8 matching tokens is a copy in progress and
-    is usually right; one that follows 2 usually is not (engine/decoding/policy.py weighs them)."""
-
-    MAX_MATCH = 16
+    followed it. Costs no model forward."""
 
     name = "ngram"
     runs_model = False
@@ -129,16 +117,8 @@ class NgramDrafter:
         for n in range(self.max_n, self.min_n - 1, -1):
             end = self._index.get(tuple(seq[-n:]))
             if end is not None and end < len(seq):
-                tokens = list(seq[end:end + count])
-                return Draft(tokens, None, [Level.L0] * len(tokens), self._match_length(seq, end, n))
+                return l0_draft(list(seq[end:end + count]), None)
         return l0_draft([], None)
-
-    def _match_length(self, seq: list[int], end: int, n: int) -> int:
-        """How many tokens before `end` equal the sequence's last ones (at least n, at most MAX_MATCH)."""
-        last = len(seq)
-        while n < self.MAX_MATCH and end - 1 - n >= 0 and seq[end - 1 - n] == seq[last - 1 - n]:
-            n += 1
-        return n
 
     def cache_stats(self):
         return None
@@ -247,8 +227,8 @@ class RetrievalDrafter:
     runs_model = True
 
     def __init__(self, runner: LlamaRunner, retrieval, inner: Drafter, gamma1: int, meter, verify_rule) -> None:
-        """retrieval: `() -> RetrievalCache` synced to the full cache; meter: the decoder (`timed`,
-        `checked`, `weigh` and `lookup_match`: HierarchicalDecoder); verify_rule: the acceptance rule."""
+        """retrieval: `() -> RetrievalCache` synced to the full cache; meter: has `timed(level,
+        tokens, seconds)` and `checked(boundary, proposed, accepted)`; verify_rule: the acceptance rule."""
         self.runner, self.retrieval, self.inner, self.gamma1 = runner, retrieval, inner, gamma1
         self.meter, self.verify_rule = meter, verify_rule
 
@@ -275,8 +255,6 @@ class RetrievalDrafter:
             inner = self.inner.propose(local, k, sampling, generator, answer_start) if k else l0_draft([], None)
             if k and self.inner.runs_model:  # n-gram lookups: free, bar the one-off indexing
                 self.meter.timed("l0", k, time.perf_counter() - t0)
-            if k:
-                inner = self.meter.weigh("l1", inner, self.inner)
             d0 = inner.tokens
             start = len(local) - 1
             tokens = torch.tensor([local[-1]] + d0, device=self.runner.device)
@@ -292,7 +270,7 @@ class RetrievalDrafter:
             self.meter.timed("l1", len(d0) + 1, time.perf_counter() - t1)
             r.rollback(held + 1 + verdict.accepted)  # keep the pending token and the accepted drafts
             if use_l0:
-                self.meter.checked("l0_l1", len(d0), verdict.accepted, self.meter.lookup_match(inner, self.inner))
+                self.meter.checked("l0_l1", len(d0), verdict.accepted)
             new = d0[:verdict.accepted] + [verdict.next_token]
             drafts += new
             levels += [Level.L0] * verdict.accepted + [Level.L1]

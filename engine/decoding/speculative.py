@@ -97,8 +97,6 @@ class HierarchicalDecoder:
         self._recent_l2.clear()
         self.answer_start = self.full.length  # the cache holds the prompt: the answer starts after it
         self.policy.new_turn()
-        if self._policy_learns() and self.policy.floor is None:
-            self.policy.floor = self._empty_cache_forward_seconds()
         if self._policy_learns():  # each turn: the budget from what the last turns measured
             current = self.budget()
             fits = self.full.length // self.settings.chunk * self.settings.chunk
@@ -112,20 +110,6 @@ class HierarchicalDecoder:
             self.rebuild()  # with the prompt, as a fixed mode does (auto: it ran L1 last, so likely again)
         else:
             self._stale = True
-
-    def _empty_cache_forward_seconds(self) -> float:
-        """One 1-token target forward over an empty cache (best of two): what a forward costs with
-        no attention to speak of, the floor under an L1 forward's cost (Policy.l1_share)."""
-        cache = self.runner.new_full_cache(8)
-        token = torch.zeros(1, dtype=torch.long, device=self.runner.device)
-        position = torch.zeros(1, dtype=torch.long, device=self.runner.device)
-        best = float("inf")
-        for _ in range(2):
-            cache.rollback(0)
-            t0 = time.perf_counter()
-            float(self.runner.forward(token, position, cache)[0, 0])  # reading a value waits for a GPU
-            best = min(best, time.perf_counter() - t0)
-        return best
 
     def rebuild(self) -> None:
         s = self.settings
@@ -167,8 +151,6 @@ class HierarchicalDecoder:
 
     def _choose(self, seq: list[int]) -> Structure:
         has_l0 = not isinstance(self.drafter, NoDrafter)
-        self.policy.lookup = has_l0 and not self.drafter.runs_model
-        self.policy.l1_keys = (self.budget() + self._headroom()) / max(1, len(seq))
         st = self.policy.choose(self.settings, has_l0, len(seq))
         if len(seq) + st.speculation_tokens() > self.full.capacity:  # the last tokens of a full cache
             st = Structure(Mode.AR)
@@ -191,12 +173,10 @@ class HierarchicalDecoder:
                 self.timed("l0", count, time.perf_counter() - t0)
             elif not drafter.runs_model:
                 lookup = time.perf_counter() - t0
-            if st.by_match:
-                draft = self.weigh("l2", draft, drafter)
         out = self._verify_l2(seq, draft)
         accepted = len(out) - 1
         if boundary:
-            self.checked(boundary, len(draft.tokens), accepted, self.lookup_match(draft, drafter))
+            self.checked(boundary, len(draft.tokens), accepted)
         if boundary == "l1_l2":
             if draft.tokens:
                 self._recent_l2.append(accepted / len(draft.tokens))
@@ -226,23 +206,11 @@ class HierarchicalDecoder:
         if self._policy_learns():
             self.policy.costs.record(level, tokens, seconds)
 
-    def checked(self, boundary: str, proposed: int, accepted: int, match: int | None = None) -> None:
-        """A verification at `boundary` ("l0_l1", "l1_l2", "l0_l2") accepted `accepted` of `proposed`;
-        `match`: the lookup guess's match length when a lookup drafted (see `lookup_match`)."""
+    def checked(self, boundary: str, proposed: int, accepted: int) -> None:
+        """A verification at `boundary` ("l0_l1", "l1_l2", "l0_l2") accepted `accepted` of `proposed`."""
         getattr(self.stats, boundary).add(proposed, accepted)
         if self._policy_learns():
-            self.policy.observe(boundary, proposed, accepted, match)
-
-    def lookup_match(self, draft: Draft, drafter: Drafter) -> int | None:
-        """The guess's match length when the policy weighs lookup guesses (auto), else None."""
-        return draft.match if self._policy_learns() and not drafter.runs_model else None
-
-    def weigh(self, level: str, draft: Draft, drafter: Drafter) -> Draft:
-        """Under auto, a lookup guess is checked only as far as it pays (Policy.draft_length): a weak
-        2-token match costs a wider forward for little, a long match is a copy worth checking far."""
-        if self.lookup_match(draft, drafter) is None or not draft.tokens:
-            return draft
-        return draft.first(self.policy.draft_length(level, draft.match, len(draft.tokens)))
+            self.policy.observe(boundary, proposed, accepted)
 
     def _verify_l2(self, seq: list[int], draft: Draft) -> list[tuple[int, Level]]:
         """The target with its full cache checks the draft; returns accepted drafts + one L2 token."""
