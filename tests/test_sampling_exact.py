@@ -151,13 +151,16 @@ SWITCHING = [Structure(Mode.TRIFORCE, 2, 3), Structure(Mode.AR), Structure(Mode.
              Structure(Mode.RETRIEVAL_ONLY, 1, 2), Structure(Mode.TRIFORCE, 1, 1)]
 
 
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
 @pytest.mark.parametrize("script", [SWITCHING, None], ids=["switching-every-cycle", "unscripted"])
-def test_auto_matches_exact_target_distribution(models, script):
-    """auto scripted to switch structure at every cycle, and auto left to its own choices."""
+def test_auto_matches_exact_target_distribution(models, script, drafter):
+    """auto scripted to switch structure at every cycle, and auto left to its own choices, with a
+    draft model or n-gram lookups (one-hot q) as L0."""
     target, draft = models
     first = 5
     exact = exact_distribution(target, first, STEPS)
-    counts = triforce_samples(target, draft, first, STEPS, verify, mode="auto", script=script)
+    counts = triforce_samples(target, draft if drafter == "model" else None, first, STEPS, verify, mode="auto",
+                              script=script)
     for i in range(STEPS):
         p_value = chi_square_p_value(counts[i], exact[i])
         assert p_value > 1e-3, f"token {i + 2}: auto's distribution differs (p={p_value:.2e})"
@@ -177,14 +180,3 @@ def test_chi_square_helper_is_calibrated():
     assert chi_square_p_value(torch.tensor([500.0, 300.0, 200.0]), probs) > 0.99
     assert chi_square_p_value(torch.tensor([600.0, 250.0, 150.0]), probs) < 1e-6
 
-
-@pytest.mark.parametrize("script", [SWITCHING, None], ids=["switching-every-cycle", "unscripted"])
-def test_auto_over_lookups_matches_exact_target_distribution(models, script):
-    """auto with n-gram lookups as L0 (one-hot q): scripted to switch every cycle, and unscripted."""
-    target, _ = models
-    first = 5
-    exact = exact_distribution(target, first, STEPS)
-    counts = triforce_samples(target, None, first, STEPS, verify, mode="auto", script=script)
-    for i in range(STEPS):
-        p_value = chi_square_p_value(counts[i], exact[i])
-        assert p_value > 1e-3, f"token {i + 2}: auto over lookups' distribution differs (p={p_value:.2e})"
