@@ -179,4 +179,3 @@ def test_chi_square_helper_is_calibrated():
     probs = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
     assert chi_square_p_value(torch.tensor([500.0, 300.0, 200.0]), probs) > 0.99
     assert chi_square_p_value(torch.tensor([600.0, 250.0, 150.0]), probs) < 1e-6
-
