@@ -95,7 +95,7 @@ class NgramDrafter:
 
     def _sync(self, seq: list[int]) -> None:
         # the index only grows along the sequence; an edit (divergence) rebuilds it
-        if common_prefix(self._seq[:self._indexed], seq[:self._indexed]) < self._indexed:
+        if self._seq[:self._indexed] != seq[:self._indexed]:  # compared in C: ~10 us for a book, per lookup
             self._index, self._indexed = {}, 0
         self._seq = seq
         limit = len(seq) - 1  # leave the current suffix out so it never matches itself
