@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.decoding.policy import EXPLORE_CYCLES, OUTLIER, REFRESH_CYCLES, Policy, StepCosts, Structure, expected_tokens
+from engine.decoding.policy import EXPLORE_CYCLES, GROW, OUTLIER, REFRESH_CYCLES, Policy, StepCosts, Structure, expected_tokens
+from engine.decoding import policy as policy_module
+from engine.decoding.drafters import NgramDrafter
 from engine.decoding.session import ChatSession
 from engine.events import ChatMessage, DocumentText
 from engine.model.loading import load_folder
@@ -31,6 +33,37 @@ def test_step_costs_fit_a_line_through_measured_forwards():
     costs.record("l2", 5, 0.180)
     assert costs.estimate("l2", 9) == pytest.approx(0.260)  # 20 ms per extra checked token
     assert costs.estimate("l2", 3) == pytest.approx(0.140)
+
+
+def test_step_costs_follow_a_staircase_between_measured_sizes():
+    """The CPU's int4 kernel works in blocks of 4 rows: checking 2-4 tokens costs about the same,
+    5 jumps. Between measured sizes the estimate is the line through its two neighbours, not one
+    line through every point (which priced a 4-token check near a 5-token one)."""
+    costs = StepCosts()
+    for n, t in ((1, 0.028), (4, 0.0335), (5, 0.049)):
+        costs.record("l2", n, t)
+    assert costs.estimate("l2", 3) == pytest.approx(0.028 + 2 * 0.0055 / 3)
+    assert costs.estimate("l2", 3) < 0.034
+    assert costs.estimate("l2", 7) == pytest.approx(0.049 + 2 * (0.049 - 0.028) / 4)  # the secant beyond
+
+
+def test_gammas_grow_only_as_far_as_their_forwards_were_timed():
+    """With only 1-token forwards timed, no structure checks more than 1 + GROW tokens at a level;
+    once a larger forward is timed, the next size up is open to it."""
+    p = Policy()
+    p.costs.record("l2", 1, 0.100)
+    for _ in range(200):
+        p.observe("l0_l2", 10, 10)  # a drafter that is always right: longer would look better
+    p.tried[Mode.DRAFT_ONLY] = EXPLORE_CYCLES
+    chosen = p.choose(AUTO, has_l0=True, context_tokens=8000)
+    assert chosen.mode is Mode.DRAFT_ONLY and chosen.gamma1 + 1 == 1 + GROW
+    p.costs.record("l2", 1 + GROW, 0.110)
+    p.new_turn()
+    assert p.choose(AUTO, has_l0=True, context_tokens=8000).gamma1 + 1 == 1 + 2 * GROW
+    for c in p.candidates:
+        if c.structure.startswith("triforce") or c.structure.startswith("retrieval"):
+            g2 = int(c.structure.split("g2=")[1].split()[0])
+            assert g2 + 1 <= 1 + 2 * GROW
 
 
 def _measured_policy(l0_l2: float, l1_l2: float, l0_l1: float, l1_share: float, l0_s: float = 0.0) -> Policy:
@@ -126,6 +159,31 @@ def test_forced_switches_every_cycle_stay_identical_to_ar(tiny, sample_text, dra
     got, final = answer_tokens(session, messages, doc)
     assert got == reference
     assert final.metrics.structure_switches >= 4
+
+
+def test_auto_scores_the_ngram_drafter_on_cycles_it_took_no_part_in(tiny, sample_text, monkeypatch):
+    """While auto runs ar, every cycle also asks the n-gram drafter what it would have proposed and
+    counts how much of it the emitted token confirms: draft-only's acceptance is learned without a
+    draft-only cycle, and the output is still exactly ar's."""
+    monkeypatch.setattr(policy_module, "FORGET", 1.0)  # plain counts, to compare with a recount
+    doc = [DocumentText("Hamlet", sample_text[:3000])]
+    messages = [ChatMessage("user", "Repeat the first line of the play.")]
+    ar = ChatSession(tiny, DecodeSettings(mode="ar", max_new_tokens=64), draft="none", capacity=2048)
+    reference, _ = answer_tokens(ar, messages, doc)
+    session = ChatSession(tiny, AUTO.replace(max_new_tokens=64), draft="ngram", capacity=2048)
+    session.decoder.policy.forced = [Structure(Mode.AR)]
+    seen, shadow = [], session.decoder._shadow_l0
+    session.decoder._shadow_l0 = lambda seq, emitted: (seen.append((list(seq), list(emitted))), shadow(seq, emitted))
+    got, _ = answer_tokens(session, messages, doc)
+    assert got == reference
+    recount = NgramDrafter()
+    offered = [(recount.propose(seq, 8, AUTO.sampling, None).tokens, emitted) for seq, emitted in seen]
+    assert len(seen) >= 20 and all(len(emitted) == 1 for _, emitted in seen)  # one token per ar cycle
+    acc = session.decoder.policy.acceptance["l0_l2"]
+    assert acc.proposals == len(seen)
+    assert acc.nonempty == sum(1 for draft, _ in offered if draft) > 0
+    assert acc.accepted == sum(1 for draft, emitted in offered if draft and draft[0] == emitted[0])
+    assert acc.tested == acc.nonempty  # each offer is settled by the one emitted token: kept or refuted
 
 
 def test_auto_reports_what_it_runs_and_weighs(tiny, sample_text):
@@ -225,6 +283,21 @@ def test_decode_starts_with_the_ngram_index_built_and_l1_selected_when_auto_ran_
     indexed, length, rebuilt, stale = seen[0]
     assert indexed == length  # every n-gram of prompt + first token indexed before the first cycle
     assert rebuilt == rebuilds + 1 and not stale  # L1 re-selected with the new question, up front
+
+
+def test_a_long_draft_that_ran_slow_is_not_flattered_by_the_short_ones_of_its_mode():
+    """The wall/model ratio is kept per structure as well as per mode: triforce at g2 = 11 measured
+    2x its model must not be scored with the 1.0 its g2 = 3 cycles earned; a g2 never run gets the mode's."""
+    p = _measured_policy(l0_l2=0.0, l1_l2=0.95, l0_l1=0.8, l1_share=0.3)
+    short, long, unrun = (Structure(Mode.TRIFORCE, 2, g2) for g2 in (3, 11, 7))
+    for structure, slowdown, cycles in ((short, 1.0, 30), (long, 2.0, 4)):
+        for _ in range(cycles):
+            per_token = p.seconds_per_token(structure, corrected=False)
+            p.realized(structure, slowdown * per_token * 5, 5)
+    assert p.seconds_per_token(short) == pytest.approx(p.seconds_per_token(short, corrected=False), rel=0.05)
+    assert p.seconds_per_token(long) > 1.7 * p.seconds_per_token(long, corrected=False)
+    mode_ratio = p.seconds_per_token(unrun) / p.seconds_per_token(unrun, corrected=False)
+    assert 1.0 < mode_ratio < 1.3  # 30 cycles at 1.0 and 4 at 2.0, pooled
 
 
 def test_a_burst_of_load_moves_a_cost_estimate_little_and_a_fast_forward_a_lot():

@@ -13,7 +13,7 @@ moves by SHIFT, and changes only between cycles; a switch needs a SWITCH_GAIN ad
 exact sample whatever structure ran it, so switching never changes what is generated.
 
 The model counts forwards only. Each cycle's wall time against the model's prediction for the
-tokens it yielded is kept per mode (decayed sums) and scales that mode's score, so drafting,
+tokens it yielded is kept per mode and per structure (decayed sums) and scales its score, so drafting,
 rollback, rebuilds, Python and acceptance that is not i.i.d. all count. After REFRESH_CYCLES
 cycles the runner-up (within REFRESH_MARGIN, and not needing an L1 cache that is not live) runs
 one cycle, so the estimates of a structure left long ago do not go stale.
@@ -33,6 +33,7 @@ SWITCH_GAIN = 0.92  # switch only if the best predicts <= 92% of the current str
 FORGET = 0.95  # per-observation decay of the acceptance counts
 MAX_GAMMA1 = 8
 MAX_GAMMA2 = 12  # gamma1 + gamma2 + 2 stays inside the retrieval cache's minimum headroom (128 / 2)
+GROW = 2  # a forward may check at most 2 tokens more than the largest one timed at its level
 PRIOR_SLOPE = 0.15  # cost of each extra checked token, as a share of a 1-token forward (CPU: 0.1-0.2)
 PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
@@ -76,11 +77,11 @@ class Structure:
 
 class StepCosts:
     """Seconds per forward at each level ("l0": one whole proposal, "l1", "l2"), per tokens checked,
-    as moving averages; `estimate` fits cost(n) = base + slope * (n - 1) through what was measured."""
+    as moving averages; `estimate` interpolates between measured sizes and extrapolates a little."""
 
     def __init__(self) -> None:
         self.table: dict[str, dict[int, float]] = {"l0": {}, "l1": {}, "l2": {}}
-        self._lines: dict[str, tuple[float, float, float]] = {}  # level -> (mean n, mean t, slope), cached
+        self._lines: dict[str, tuple[list[tuple[int, float]], float]] = {}  # level -> (points, slope), cached
 
     def record(self, level: str, tokens: int, seconds: float) -> None:
         """Noise on a shared machine only ever adds time, so a faster sample is believed at once and
@@ -103,8 +104,17 @@ class StepCosts:
     def measured(self, level: str) -> bool:
         return bool(self.table[level])
 
+    def largest(self, level: str) -> int:
+        """The most tokens one timed forward at `level` has checked (0: never timed)."""
+        return max(self.table[level], default=0)
+
     def estimate(self, level: str, tokens: int) -> float | None:
-        """Seconds for a forward checking `tokens` tokens, or None if this level was never timed."""
+        """Seconds for a forward checking `tokens` tokens, or None if this level was never timed.
+        Between two measured sizes: the straight line through them (on a CPU the cost is a
+        staircase: the int4 kernel works in blocks of 4 rows, so one line through every point
+        priced a 4-token check like a 5-token one). Beyond them: the slope from the smallest to the
+        largest measured size, or with one point the prior slope; the policy only extrapolates a
+        little (GROW)."""
         row = self.table[level]
         if not row:
             return None
@@ -113,21 +123,24 @@ class StepCosts:
         line = self._lines.get(level)
         if line is None:
             self._lines[level] = line = self._fit(row)
-        mean_n, mean_t, slope = line
-        return max(1e-6, mean_t + slope * (tokens - mean_n))
+        points, slope = line
+        below = [p for p in points if p[0] < tokens]
+        above = [p for p in points if p[0] > tokens]
+        if below and above:
+            (n0, t0), (n1, t1) = below[-1], above[0]
+            return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+        n0, t0 = below[-1] if below else above[0]
+        return max(1e-6, t0 + slope * (tokens - n0))
 
     @staticmethod
-    def _fit(row: dict[int, float]) -> tuple[float, float, float]:
-        """Least squares through the measured points; one point: the prior slope."""
-        points = list(row.items())
+    def _fit(row: dict[int, float]) -> tuple[list[tuple[int, float]], float]:
+        """The measured points in size order and the slope to extrapolate with (never negative)."""
+        points = sorted(row.items())
         if len(points) == 1:
             n0, t0 = points[0]
-            base = t0 / (1.0 + PRIOR_SLOPE * (n0 - 1))
-            return float(n0), t0, PRIOR_SLOPE * base
-        mean_n = sum(n for n, _ in points) / len(points)
-        mean_t = sum(t for _, t in points) / len(points)
-        var = sum((n - mean_n) ** 2 for n, _ in points)
-        return mean_n, mean_t, max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in points) / var)
+            return points, PRIOR_SLOPE * t0 / (1.0 + PRIOR_SLOPE * (n0 - 1))
+        (n0, t0), (n1, t1) = points[0], points[-1]
+        return points, max(0.0, (t1 - t0) / (n1 - n0))
 
 
 @dataclass
@@ -173,6 +186,7 @@ class Policy:
     candidates: tuple[CandidateCost, ...] = ()
     switches: int = 0
     _realized: dict = field(default_factory=dict, repr=False)  # mode -> (wall s, predicted s), decayed
+    _realized_by: dict = field(default_factory=dict, repr=False)  # structure -> (wall s, predicted s, last cycle's)
     forced: list[Structure] | None = None  # tests: a script of structures to run, one per cycle
     _memo: dict = field(default_factory=dict, repr=False)  # inputs of the current choice
     _settled: bool = False  # the last scoring chose without exploring
@@ -319,7 +333,7 @@ class Policy:
         if cycle is None:
             return None
         seconds, tokens = cycle
-        return seconds * (self._overhead(s.mode) if corrected else 1.0) / tokens
+        return seconds * (self._overhead(s) if corrected else 1.0) / tokens
 
     def cycle_cost(self, s: Structure) -> tuple[float, float] | None:
         """(seconds of the forwards one cycle of `s` runs, tokens it yields), from the timed levels."""
@@ -356,15 +370,41 @@ class Policy:
             return
         wall, model = self._realized.get(s.mode, (0.0, 0.0))
         self._realized[s.mode] = (FORGET * wall + seconds, FORGET * model + expected)
+        wall, model, _ = self._realized_by.get(s, (0.0, 0.0, 0.0))
+        self._realized_by[s] = (FORGET * wall + seconds, FORGET * model + expected, expected)
 
-    def _overhead(self, mode: Mode) -> float:
-        """Measured wall time / modelled forward time of `mode`'s cycles; a structure not yet run
-        gets the smallest seen so far (optimistic, so that bounded exploration still tries it), else 1."""
+    def _overhead(self, s: Structure) -> float:
+        """Measured wall time / modelled forward time of `s`'s cycles. The ratio of its mode (every
+        gamma), refined by this structure's own cycles, weighed as one cycle of the mode's: how far
+        the model misses grows with the draft lengths (triforce measured 1.2x its model at g2 = 6
+        and 1.45x at g2 = 11 at 8K), so a ratio learned at short drafts must not flatter long ones.
+        A mode not yet run gets the smallest ratio seen so far (optimistic, so that bounded
+        exploration still tries it), else 1."""
         def ratio(wall: float, model: float) -> float:
             return max(0.5, min(OUTLIER, wall / model))
-        if mode in self._realized:  # scored ~130 times per choice: only this mode's ratio
-            return ratio(*self._realized[mode])
-        return min((ratio(*sums) for sums in self._realized.values()), default=1.0)
+        if s.mode in self._realized:  # scored ~130 times per choice: only this mode's ratio
+            mode_ratio = ratio(*self._realized[s.mode])
+        else:
+            mode_ratio = min((ratio(*sums) for sums in self._realized.values()), default=1.0)
+        own = self._realized_by.get(s)
+        if own is None:
+            return mode_ratio
+        wall, model, one_cycle = own
+        return ratio(wall + mode_ratio * one_cycle, model + one_cycle)
+
+    def _within_measured(self, s: Structure) -> bool:
+        """Are the forwards `s` runs at most GROW tokens larger than the largest timed at their level?
+        Larger ones rest on extrapolation, which misjudged long checks both ways (a line through a
+        staircase), so gammas grow as their forwards get measured."""
+        l2 = self.costs.largest("l2")
+        l1 = self.costs.largest("l1") or l2  # an untimed L1 is priced from L2's timings
+        if s.mode is Mode.AR:
+            return True
+        if s.mode is Mode.DRAFT_ONLY:
+            return s.gamma1 + 1 <= l2 + GROW
+        if s.mode is Mode.RETRIEVAL_ONLY:
+            return s.gamma2 + 1 <= l2 + GROW
+        return s.gamma2 + 1 <= l2 + GROW and s.gamma1 + 1 <= l1 + GROW
 
     def _best_of(self, mode: Mode, settings: DecodeSettings) -> tuple[float | None, Structure]:
         """The best gammas for `mode` and their predicted seconds per token."""
@@ -376,6 +416,7 @@ class Policy:
             grid = [Structure(mode, settings.gamma1, g) for g in range(1, MAX_GAMMA2 + 1)]
         else:
             grid = [Structure(mode, g1, g2) for g1 in range(1, MAX_GAMMA1 + 1) for g2 in range(1, MAX_GAMMA2 + 1)]
+        grid = [s for s in grid if self._within_measured(s)] or grid[:1]
         scored = [(self.seconds_per_token(s), s) for s in grid]
         scored = [(t, s) for t, s in scored if t is not None]
         if not scored:

@@ -183,7 +183,28 @@ class HierarchicalDecoder:
             self._since_rebuild += len(out)
         if self._policy_learns():
             self.policy.realized(st, time.perf_counter() - started - lookup, len(out))
+            if boundary != "l0_l2" and self.settings.mode == Mode.AUTO:
+                self._shadow_l0(seq, [token for token, _ in out])
         return out
+
+    SHADOW_TOKENS = 8  # tokens of the shadow lookup compared with what a cycle emitted
+
+    def _shadow_l0(self, seq: list[int], emitted: list[int]) -> None:
+        """Score an n-gram drafter against a cycle it took no part in, for free: what it would have
+        proposed from `seq`, against the tokens the cycle emitted. A deterministic draft is accepted
+        exactly when the target's own token equals it (under sampling with probability p(x), the
+        chance that the emitted sample is x), so its matched prefix is an unbiased draft-only
+        acceptance sample, cut at len(emitted). draft-only's estimate then stays current while
+        another structure runs, and needs no exploration cycles of its own. The output is untouched:
+        the lookup draws nothing and comes after the cycle."""
+        if self.drafter.runs_model or isinstance(self.drafter, NoDrafter):
+            return
+        draft = self.drafter.propose(seq, self.SHADOW_TOKENS, self.settings.sampling, None, self.answer_start)
+        checked = min(len(draft.tokens), len(emitted))
+        matched = 0
+        while matched < checked and draft.tokens[matched] == emitted[matched]:
+            matched += 1
+        self.policy.observe("l0_l2", checked, matched)
 
     def choice_metrics(self) -> dict:
         """Metrics fields saying what ran and, under auto, what the policy weighed."""
