@@ -90,6 +90,28 @@ def test_auto_picks_draft_only_when_the_drafter_is_good_and_free():
     assert {c.structure.split()[0] for c in p.candidates} == {"ar", "draft-only", "retrieval-only", "triforce"}
 
 
+@pytest.mark.parametrize("rate,expect", [(0.2, Mode.AR), (0.5, Mode.DRAFT_ONLY)])
+def test_auto_leaves_ar_only_for_a_gain_larger_than_its_models_error(rate, expect):
+    """L2 costs 100 ms + 15 ms per extra checked token. An n-gram drafter right on 20 % of tokens
+    predicts draft-only ~4 % faster than ar: within the model's error, so ar runs. Right on 50 %,
+    ~25 % faster: draft-only runs."""
+    p = Policy()
+    for n in range(1, 14):
+        p.costs.record("l2", n, 0.100 + 0.015 * (n - 1))
+        p.costs.record("l1", n, 0.095 + 0.015 * (n - 1))  # L1 about as dear as L2: never worth it
+    for i in range(200):
+        p.observe("l0_l2", 1, 1 if i % 10 < 10 * rate else 0)
+        p.observe("l1_l2", 4, 0)
+        p.observe("l0_l1", 1, 0)
+    for m in Mode:
+        p.tried[m] = EXPLORE_CYCLES
+    chosen = p.choose(AUTO, has_l0=True, context_tokens=8000)
+    draft_only = min(c.ms_per_token for c in p.candidates if c.structure.startswith("draft-only"))
+    ar = next(c.ms_per_token for c in p.candidates if c.structure == "ar")
+    assert draft_only < ar  # the model does predict a gain in both cases
+    assert chosen.mode is expect
+
+
 def test_auto_picks_retrieval_when_l1_is_cheap_and_l0_misses():
     p = _measured_policy(l0_l2=0.05, l1_l2=0.9, l0_l1=0.05, l1_share=0.3)
     assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is Mode.RETRIEVAL_ONLY
