@@ -106,10 +106,19 @@ def _in_venv() -> bool:
         return False
 
 
+def quiet_openmp_threads() -> None:
+    """Idle OpenMP threads sleep instead of spinning, unless OMP_WAIT_POLICY says otherwise. Set
+    before torch loads (here, and inherited by the venv's process): next to other busy programs (a
+    desktop, a shared machine) spinning waiters made a small matmul 13x slower on 2 cores
+    (docs/notes/cpu-speed.md); on an idle machine spinning gains a little."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def bootstrap(argv: list[str]) -> None:
     """Make sure we run inside a ready .venv; re-execute there if we are not in it."""
     if sys.version_info < (3, 11):
         sys.exit(f"TriForce Chat needs Python 3.11 or newer (this is {sys.version.split()[0]})")
+    quiet_openmp_threads()
     ensure_venv()
     if _in_venv():
         return

@@ -156,6 +156,20 @@ def test_setup_keeps_existing_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert not any("torch==" in c for c in calls)
 
 
+@pytest.mark.parametrize("given,expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_openmp_threads_sleep_unless_the_user_says_otherwise(monkeypatch: pytest.MonkeyPatch, given, expected) -> None:
+    """main.py sets OMP_WAIT_POLICY before torch loads (the app, the CLI and the tests inherit it);
+    a value the user set is kept."""
+    if given is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", given)
+    monkeypatch.setattr(entry, "ensure_venv", lambda: None)
+    monkeypatch.setattr(entry, "_in_venv", lambda: True)
+    entry.bootstrap([])
+    assert os.environ["OMP_WAIT_POLICY"] == expected
+
+
 def test_test_command_fails_on_no_tests(monkeypatch: pytest.MonkeyPatch) -> None:
     results = {"pytest": 5, "lint-imports": 0}
     monkeypatch.setattr(
