@@ -234,6 +234,20 @@ def test_budget_grows_when_l1_is_cheap_but_misses_and_shrinks_when_dear_and_exac
     assert Policy().choose_budget(AUTO, 512, context_tokens=8000) == 512  # nothing measured: unchanged
 
 
+def test_the_budget_never_moves_back():
+    """Each budget rule fires on acceptance measured at the budget before: at qa 8K the two took
+    turns (992 -> 496 -> 992 -> 496), each time forgetting L1's costs. Once moved, never back."""
+    p = _measured_policy(l0_l2=0.5, l1_l2=1.0, l0_l1=0.5, l1_share=0.9)  # L1 dear and exact: shrink
+    assert p.choose_budget(AUTO, 1024, context_tokens=8000) == 512
+    for _ in range(200):
+        p.observe("l1_l2", 10, 1)  # at the smaller budget L1 misses ...
+    for n in range(1, 14):
+        p.costs.record("l1", n, 0.3 * (0.100 + 0.015 * (n - 1)))  # ... and is cheap: the rule to grow
+    assert p.choose_budget(AUTO, 512, context_tokens=8000) == 512
+    grown = _measured_policy(l0_l2=0.5, l1_l2=0.2, l0_l1=0.5, l1_share=0.3)
+    assert grown.choose_budget(AUTO, 512, context_tokens=8000) == 1024  # that rule, where nothing shrank
+
+
 @pytest.mark.bundled
 def test_bundled_auto_and_forced_switches_match_ar(bundled_model_dir, sample_passage):
     """The bundled model on ~2K tokens, greedy: auto (its own choices, then scripted to switch every

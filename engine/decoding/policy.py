@@ -197,6 +197,7 @@ class Policy:
     _since_score: int = 0  # cycles since the last scoring
     _since_refresh: int = 0  # cycles since the runner-up last ran
     _scored_rates: dict = field(default_factory=dict)  # acceptance at the last scoring
+    _budget_moved: int = 0  # +1 / -1 once choose_budget grew / shrank the budget
 
     def new_turn(self) -> None:
         """A new prompt: score afresh at the next cycle."""
@@ -271,7 +272,11 @@ class Policy:
             new = max(budget, min(budget * 2, context_tokens // 2 // chunk * chunk))
         elif acc.rate > 0.95 and c1 > 0.5 * c2 and budget >= 4 * chunk:
             new = budget // 2 // chunk * chunk
-        if new != budget:
+        direction = (new > budget) - (new < budget)
+        if direction and direction == -self._budget_moved:
+            return budget  # never back: each rule fired on acceptance measured at the other budget
+        if new != budget:  # (at qa 8K they took turns, 992 -> 496 -> 992 -> 496, each time
+            self._budget_moved = direction  # forgetting L1's costs, at 0.78x fixed retrieval-only)
             self.costs.forget("l1")  # L1's cost changes with its size: measure it again
         return new
 
