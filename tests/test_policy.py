@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.decoding.policy import EXPLORE_CYCLES, GROW, OUTLIER, REFRESH_CYCLES, Policy, StepCosts, Structure, expected_tokens
+from engine.decoding.policy import (EXPLORE_CYCLES, GROW, OUTLIER, REFRESH_CYCLES, Policy, StepCosts, Structure,
+                                     expected_tokens)
 from engine.decoding import policy as policy_module
 from engine.decoding.drafters import NgramDrafter
 from engine.decoding.session import ChatSession

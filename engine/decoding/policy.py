@@ -256,7 +256,8 @@ class Policy:
             if now is not None and best.mode is not self.current.mode and best_ms > SWITCH_GAIN * now:
                 best = next(s for ms, s in scored if s.mode is self.current.mode)  # not worth a switch
         plain = next((ms for ms, s in scored if s.mode is Mode.AR), None)
-        if plain is not None and best.mode is not Mode.AR and dict((s, ms) for ms, s in scored)[best] > SPECULATION_GAIN * plain:
+        predicted = {s: ms for ms, s in scored}
+        if plain is not None and best.mode is not Mode.AR and predicted[best] > SPECULATION_GAIN * plain:
             best = Structure(Mode.AR)  # a predicted gain smaller than the model's own error
         return self._ran(best)
 
