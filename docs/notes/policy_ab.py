@@ -1,0 +1,102 @@
+"""A/B of auto's policy against the one before it, interleaved in one process, with the fixed modes.
+
+Usage (from the repo root):
+    OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python docs/notes/policy_ab.py CONTEXTS WORKLOADS REPEATS METHODS
+e.g. docs/notes/policy_ab.py 1024,2048,4096,8000 continue,qa 5 ar,auto,auto-ratio,auto-old,triforce,draft-only,retrieval-only
+
+Methods: our fixed modes, `auto` (the shipped policy), `auto-ratio` (the previous cost model and no
+shadow lookups, with the per-structure wall/model ratio) and `auto-old` (the policy before
+2026-11-30 evening: a least-squares line through the measured step costs, gammas not bounded by
+the sizes timed, one wall/model ratio per mode, no shadow lookups). Each auto variant keeps its
+own Policy object across repeats, as one user's session would; they share the prefilled session.
+Prints per cell each method's median ms/token, its runs, whether its tokens equal ar's, the
+structure each auto answer ran, and each auto variant's final predictions.
+"""
+import collections
+import os
+import statistics
+import sys
+
+import torch
+
+from engine.decoding import policy as P
+from engine.decoding.session import ChatSession
+from engine.model.loading import load_folder
+from engine.settings import DecodeSettings
+from engine.store.models import resolve_model
+from engine.tools.bench import _run_ours, build_prompt
+from engine.tools.sample_text import sample_text
+
+
+class LineCosts(P.StepCosts):
+    """The previous estimate: one least-squares line through every measured size."""
+
+    def estimate(self, level, tokens):
+        row = self.table[level]
+        if not row:
+            return None
+        if tokens in row:
+            return row[tokens]
+        points = list(row.items())
+        if len(points) == 1:
+            n0, t0 = points[0]
+            mean_n, mean_t, slope = n0, t0, P.PRIOR_SLOPE * t0 / (1.0 + P.PRIOR_SLOPE * (n0 - 1))
+        else:
+            mean_n = sum(n for n, _ in points) / len(points)
+            mean_t = sum(t for _, t in points) / len(points)
+            var = sum((n - mean_n) ** 2 for n, _ in points)
+            slope = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in points) / var)
+        return max(1e-6, mean_t + slope * (tokens - mean_n))
+
+
+class RatioPolicy(P.Policy):
+    """Gammas not bounded by the sizes timed (with LineCosts: the previous cost model)."""
+
+    def _within_measured(self, s):
+        return True
+
+
+class OldPolicy(RatioPolicy):
+    """...and one wall/model ratio per mode."""
+
+    def _overhead(self, s):
+        self._realized_by.clear()
+        return P.Policy._overhead(self, s)
+
+
+def main() -> None:
+    contexts = [int(x) for x in sys.argv[1].split(",")]
+    workloads, repeats, methods = sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4].split(",")
+    torch.set_num_threads(2)
+    model = load_folder(resolve_model("bundled"))
+    base = DecodeSettings().replace(max_new_tokens=32, stop=(), ignore_eos=True)
+    for workload in workloads:
+        for context in contexts:
+            prompt = build_prompt(model, sample_text(), context, workload)
+            session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + 96)
+            policies = {"auto": P.Policy(), "auto-old": OldPolicy(costs=LineCosts()),
+                        "auto-ratio": RatioPolicy(costs=LineCosts())}
+            shadow = session.decoder._shadow_l0
+            runs, tokens, structures = collections.defaultdict(list), {}, collections.defaultdict(list)
+            for _ in range(repeats):
+                for method in methods:
+                    if method in policies:
+                        session.decoder.policy = policies[method]
+                        session.decoder._shadow_l0 = shadow if method == "auto" else (lambda *a: None)
+                    mode = "auto" if method.startswith("auto") else method
+                    got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))
+                    runs[method].append(ms)
+                    tokens[method] = got
+                    if method in policies:
+                        structures[method].append(metrics.structure)
+            print(f"== {workload} {context} load {os.getloadavg()[0]:.1f}")
+            for method in methods:
+                print(f"  {method:15s} median {statistics.median(runs[method]):6.1f}  "
+                      f"runs {[round(x, 1) for x in runs[method]]}  same_as_ar {tokens[method] == tokens['ar']}  "
+                      f"{structures.get(method, '')}")
+            for name in (m for m in methods if m in policies):
+                print("  ", name, "cands", [(c.structure, round(c.ms_per_token, 1)) for c in policies[name].candidates])
+
+
+if __name__ == "__main__":
+    main()
