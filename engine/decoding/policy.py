@@ -405,12 +405,10 @@ class Policy:
         wall, model, one_cycle = own
         return ratio(wall + mode_ratio * one_cycle, model + one_cycle)
 
-    def _within_measured(self, s: Structure) -> bool:
-        """Are the forwards `s` runs at most GROW tokens larger than the largest timed at their level?
-        Larger ones rest on extrapolation, which misjudged long checks both ways (a line through a
-        staircase), so gammas grow as their forwards get measured."""
-        l2 = self.costs.largest("l2")
-        l1 = self.costs.largest("l1") or l2  # an untimed L1 is priced from L2's timings
+    def _within_measured(self, s: Structure, l2: int, l1: int) -> bool:
+        """Are the forwards `s` runs at most GROW tokens larger than the largest timed at their level
+        (`l2`, `l1`: those sizes)? Larger ones rest on extrapolation, which misjudged long checks both
+        ways (a line through a staircase), so gammas grow as their forwards get measured."""
         if s.mode is Mode.AR:
             return True
         if s.mode is Mode.DRAFT_ONLY:
@@ -429,7 +427,9 @@ class Policy:
             grid = [Structure(mode, settings.gamma1, g) for g in range(1, MAX_GAMMA2 + 1)]
         else:
             grid = [Structure(mode, g1, g2) for g1 in range(1, MAX_GAMMA1 + 1) for g2 in range(1, MAX_GAMMA2 + 1)]
-        grid = [s for s in grid if self._within_measured(s)] or grid[:1]
+        l2 = self.costs.largest("l2")
+        l1 = self.costs.largest("l1") or l2  # an untimed L1 is priced from L2's timings
+        grid = [s for s in grid if self._within_measured(s, l2, l1)] or grid[:1]
         scored = [(self.seconds_per_token(s), s) for s in grid]
         scored = [(t, s) for t, s in scored if t is not None]
         if not scored:
