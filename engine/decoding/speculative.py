@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.decoding.acceptance import penalty_counts, verify
-from engine.decoding.drafters import Draft, Drafter, NoDrafter, RetrievalDrafter, l0_draft
+from engine.decoding.drafters import Draft, Drafter, NoDrafter, RetrievalDrafter, common_prefix, l0_draft
 from engine.decoding.policy import Policy, StepCosts, Structure
 from engine.events import Level, LevelStats
 from engine.kv.full import FullCache
@@ -200,11 +200,7 @@ class HierarchicalDecoder:
         if self.drafter.runs_model or isinstance(self.drafter, NoDrafter):
             return
         draft = self.drafter.propose(seq, self.SHADOW_TOKENS, self.settings.sampling, None, self.answer_start)
-        checked = min(len(draft.tokens), len(emitted))
-        matched = 0
-        while matched < checked and draft.tokens[matched] == emitted[matched]:
-            matched += 1
-        self.policy.observe("l0_l2", checked, matched)
+        self.policy.observe("l0_l2", min(len(draft.tokens), len(emitted)), common_prefix(draft.tokens, emitted))
 
     def choice_metrics(self) -> dict:
         """Metrics fields saying what ran and, under auto, what the policy weighed."""
