@@ -2,10 +2,12 @@
 structure between cycles never changes the output (greedy: token-identical to AR)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from engine.decoding.policy import (EXPLORE_CYCLES, GROW, OUTLIER, REFRESH_CYCLES, Policy, StepCosts, Structure,
-                                     expected_tokens)
+from engine.decoding.policy import (AR_RETIME, AR_SAMPLES, EXPLORE_CYCLES, GROW, OUTLIER, REFRESH_CYCLES, Policy,
+                                     StepCosts, Structure, expected_tokens)
 from engine.decoding import policy as policy_module
 from engine.decoding.drafters import NgramDrafter
 from engine.decoding.session import ChatSession
@@ -344,3 +346,58 @@ def test_a_burst_of_load_moves_a_cost_estimate_little_and_a_fast_forward_a_lot()
     assert costs.estimate("l2", 1) == pytest.approx(0.048)
     costs.record("l2", 1, 0.030)  # quieter than ever: believed half at once
     assert costs.estimate("l2", 1) == pytest.approx(0.039)
+
+
+def test_ar_is_priced_by_its_own_recent_cycles_and_re_timed_beside_a_speculative_structure():
+    """A slow spell during ar's first cycles made draft-only look better than it is. While
+    draft-only runs, ar gets one cycle every AR_RETIME cycles; priced at the median of its
+    recent cycles (not at the slow spell), it wins back once draft-only's own cycles cost more."""
+    p = _measured_policy(l0_l2=0.5, l1_l2=0.0, l0_l1=0.0, l1_share=0.95)
+    ar, modelled = Structure(Mode.AR), p.seconds_per_token(Structure(Mode.AR), corrected=False)
+    for _ in range(AR_SAMPLES):
+        p.realized(ar, 2.5 * modelled, 1)  # the slow spell
+    assert p.seconds_per_token(ar) == pytest.approx(2.5 * modelled)
+    runs = [p.choose(AUTO, has_l0=True, context_tokens=8000) for _ in range(AR_RETIME + 1)]
+    assert all(s.mode is Mode.DRAFT_ONLY for s in runs[:-1]) and runs[-1] == ar
+    draft = runs[0]
+    for s in runs[:-1]:  # draft-only really costs 1.2x ar's quiet forward per token
+        p.realized(s, 1.2 * modelled * 2, 2)
+    p.realized(ar, modelled, 1)  # the re-timed cycles, in a quiet spell
+    p.realized(ar, 1.1 * modelled, 1)
+    assert p.seconds_per_token(ar) == pytest.approx(1.1 * modelled)  # median of 2.5, 1.0, 1.1
+    assert p.seconds_per_token(draft) > p.seconds_per_token(ar)
+    assert [p.choose(AUTO, has_l0=True, context_tokens=8000).mode for _ in range(8)] == [Mode.AR] * 8
+
+
+def test_a_fixed_mode_leaves_the_policy_as_auto_left_it():
+    """The bench runs ar, triforce, ... between auto's answers in one session: their cycles must not
+    move auto's state (which structure it runs, what it tried, when it re-times ar)."""
+    p = _measured_policy(l0_l2=0.5, l1_l2=0.0, l0_l1=0.0, l1_share=0.95)
+    for _ in range(5):
+        p.choose(AUTO, has_l0=True, context_tokens=8000)
+    before = (p.current, dict(p.tried), p._since_ar, p._since_refresh, p.switches)
+    for fixed in ("ar", "triforce", "draft-only"):
+        assert p.choose(DecodeSettings(mode=fixed), has_l0=True, context_tokens=8000).mode is Mode.of(fixed)
+    assert (p.current, dict(p.tried), p._since_ar, p._since_refresh, p.switches) == before
+
+
+def test_setting_up_the_retrieval_cache_is_not_charged_to_the_cycle_that_needed_it(tiny, sample_text):
+    """Selecting L1's cache on a switch to L1 (or for a new budget) is a one-off: the cycle's wall
+    time the policy learns from leaves it out (it made retrieval-only look 2x dearer at qa 8K after
+    its one exploration cycle)."""
+    doc = [DocumentText("Hamlet", sample_text[:3000])]
+    session = ChatSession(tiny, AUTO.replace(max_new_tokens=24), draft="ngram", capacity=2048)
+    decoder = session.decoder
+    decoder.policy.forced = [Structure(Mode.AR), Structure(Mode.AR), Structure(Mode.RETRIEVAL_ONLY, 1, 3)]
+    rebuild, walls = decoder.rebuild, []
+
+    def slow_rebuild():
+        time.sleep(0.3)
+        rebuild()
+
+    decoder.rebuild = slow_rebuild
+    realized = decoder.policy.realized
+    decoder.policy.realized = lambda s, seconds, tokens: (walls.append((s.mode, seconds)), realized(s, seconds, tokens))
+    answer_tokens(session, [ChatMessage("user", "Repeat the first line of the play.")], doc)
+    assert decoder.rebuilds >= 1 and Mode.RETRIEVAL_ONLY in [m for m, _ in walls]
+    assert max(seconds for _, seconds in walls) < 0.3, walls

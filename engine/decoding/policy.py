@@ -18,9 +18,16 @@ tokens it yielded is kept per mode and per structure (decayed sums) and scales i
 rollback, rebuilds, Python and acceptance that is not i.i.d. all count. After REFRESH_CYCLES
 cycles the runner-up (within REFRESH_MARGIN, and not needing an L1 cache that is not live) runs
 one cycle, so the estimates of a structure left long ago do not go stale.
+
+ar is priced by its own cycles' wall time (the median of the last AR_SAMPLES), and while a
+speculative structure runs, one ar cycle every AR_RETIME cycles keeps that price current: the two
+are then timed interleaved, in the same spell of machine load, as the bench compares them. (A price
+kept from the turn's first cycles went stale both ways: a slow spell inflated it, at qa 2K to
+62.7 ms/token against 32.9 measured, and auto stayed on structures slower than ar.)
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from engine.events import CandidateCost
@@ -46,6 +53,8 @@ REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cyc
 REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
 SLOWER_WEIGHT = 0.1  # weight of a forward slower than its estimate (faster ones: 0.5)
 OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
+AR_RETIME = 16  # on a speculative structure, one ar cycle every 16 cycles re-times ar ...
+AR_SAMPLES = 3  # ... priced at the median wall time of its last 3 cycles
 
 
 def expected_tokens(acceptance: float, gamma: int) -> float:
@@ -198,6 +207,8 @@ class Policy:
     _since_refresh: int = 0  # cycles since the runner-up last ran
     _scored_rates: dict = field(default_factory=dict)  # acceptance at the last scoring
     _budget_moved: int = 0  # +1 / -1 once choose_budget grew / shrank the budget
+    _ar_walls: list = field(default_factory=list)  # wall seconds of the last AR_SAMPLES ar cycles
+    _since_ar: int = 0  # cycles since ar last ran
 
     def new_turn(self) -> None:
         """A new prompt: score afresh at the next cycle."""
@@ -215,8 +226,8 @@ class Policy:
             chosen = self.forced.pop(0)
             self.forced.append(chosen)
             return self._ran(chosen)
-        if mode is not Mode.AUTO and not settings.auto:
-            return self._ran(Structure(mode, settings.gamma1, settings.gamma2))
+        if mode is not Mode.AUTO and not settings.auto:  # a fixed mode leaves the policy as it was:
+            return Structure(mode, settings.gamma1, settings.gamma2)  # (the bench runs ar between auto's answers)
         modes = [mode] if mode is not Mode.AUTO else [
             m for m in (Mode.AR, Mode.DRAFT_ONLY, Mode.RETRIEVAL_ONLY, Mode.TRIFORCE)
             if has_l0 or not m.uses_l0 or m is Mode.AR]
@@ -240,6 +251,10 @@ class Policy:
             if self.tried.get(s.mode, 0) < EXPLORE_CYCLES and not self._explored(s.mode) and ms <= EXPLORE_MARGIN * best_ms:
                 return self._ran(s)
         self._settled = True
+        if (Mode.AR in modes and self.current is not None and self.current.mode is not Mode.AR
+                and self._since_ar >= AR_RETIME):
+            self._settled = False  # re-time ar next to the structure it competes with: one token
+            return self._ran(Structure(Mode.AR))
         if self._since_refresh >= REFRESH_CYCLES:  # re-measure the runner-up once: estimates of a
             self._since_refresh = 0  # structure left long ago go stale (costs move with the context)
             live_l1 = self.current is not None and self.current.mode.uses_l1
@@ -283,6 +298,7 @@ class Policy:
 
     def _ran(self, chosen: Structure) -> Structure:
         self._since_refresh += 1
+        self._since_ar = 0 if chosen.mode is Mode.AR else self._since_ar + 1
         if self.current is not None and chosen.mode is not self.current.mode:
             self.switches += 1
         self.current = chosen
@@ -345,6 +361,8 @@ class Policy:
         cycle = self.cycle_cost(s)
         if cycle is None:
             return None
+        if s.mode is Mode.AR and corrected and self._ar_walls:
+            return statistics.median(self._ar_walls)  # timed directly, recently
         seconds, tokens = cycle
         return seconds * (self._overhead(s) if corrected else 1.0) / tokens
 
@@ -375,6 +393,8 @@ class Policy:
         Python) and how far real acceptance runs from the i.i.d. E(a, g) (n-gram drafts are
         accepted whole or not at all)."""
         self._memo.clear()
+        if s.mode is Mode.AR and tokens == 1:
+            self._ar_walls = (self._ar_walls + [seconds])[-AR_SAMPLES:]
         predicted = self.seconds_per_token(s, corrected=False)
         if predicted is None or tokens < 1:
             return

@@ -78,6 +78,7 @@ class HierarchicalDecoder:
         self._since_rebuild = 0
         self._stale = False  # a new prompt came since the selection: rebuild before L1's next use
         self.rebuilds = 0
+        self._setup_s = 0.0  # seconds of this cycle's setup rebuild (left out of its wall time)
         self._budget: int | None = None  # the policy's retrieval budget (None: the settings')
         self.l1_verify = verify  # the acceptance rule at L1 (tests swap in a known-buggy variant)
         self.answer_start: int | None = None  # seq[answer_start:] is the answer (the repetition penalty counts it)
@@ -130,10 +131,13 @@ class HierarchicalDecoder:
         st = self.structure
         need = (st.gamma1 + st.gamma2 + 2) if st is not None else s.speculation_tokens()
         rolling = sum(self._recent_l2) / len(self._recent_l2) if len(self._recent_l2) >= 4 else 1.0
-        if (r is None or self._stale or r.budget != self.budget() or r.chunk != s.chunk or r.room() < need
-                or rolling < s.rebuild_threshold
+        setup = r is None or self._stale or r.budget != self.budget() or r.chunk != s.chunk
+        if (setup or r.room() < need or rolling < s.rebuild_threshold
                 or (s.rebuild_stride and self._since_rebuild >= s.rebuild_stride)):
+            t0 = time.perf_counter()
             self.rebuild()
+            if setup:  # a new prompt, budget or switch to L1: not what L1 costs per token
+                self._setup_s += time.perf_counter() - t0
         else:
             r.sync()
         return self.retrieval
@@ -159,7 +163,7 @@ class HierarchicalDecoder:
         return st
 
     def step(self, seq: list[int]) -> list[tuple[int, Level]]:
-        started = time.perf_counter()
+        started, self._setup_s = time.perf_counter(), 0.0
         self.structure = st = self._choose(seq)
         drafter, count, boundary = self._compose(st)
         draft = l0_draft([], None)
@@ -182,7 +186,7 @@ class HierarchicalDecoder:
                 self._recent_l2.append(accepted / len(draft.tokens))
             self._since_rebuild += len(out)
         if self._policy_learns():
-            self.policy.realized(st, time.perf_counter() - started - lookup, len(out))
+            self.policy.realized(st, time.perf_counter() - started - lookup - self._setup_s, len(out))
             if boundary != "l0_l2" and self.settings.mode == Mode.AUTO:
                 self._shadow_l0(seq, [token for token, _ in out])
         return out
