@@ -4,7 +4,9 @@ Usage (from the repo root):
     OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python docs/notes/policy_ab.py CONTEXTS WORKLOADS REPEATS METHODS
 e.g. docs/notes/policy_ab.py 1024,2048,4096,8000 continue,qa 5 ar,auto,auto-ratio,auto-old,triforce,draft-only,retrieval-only
 
-Methods: our fixed modes, `auto` (the shipped policy), `auto-ratio` (the previous cost model and no
+Methods: our fixed modes, `auto` (the shipped policy), `auto-s4` (ar priced from its step-cost
+table and its mode's wall/model ratio, never re-timed beside a speculative structure: the policy
+of 2026-11-30 in that respect), `auto-ratio` (the previous cost model and no
 shadow lookups, with the per-structure wall/model ratio) and `auto-old` (the policy before
 2026-11-30 evening: a least-squares line through the measured step costs, gammas not bounded by
 the sizes timed, one wall/model ratio per mode, no shadow lookups). Each auto variant keeps its
@@ -56,6 +58,20 @@ class RatioPolicy(P.Policy):
         return True
 
 
+class S4Policy(P.Policy):
+    """ar priced from its step-cost table and its mode's wall/model ratio, and never re-timed beside
+    a speculative structure (as at c0a7149)."""
+
+    def _ran(self, chosen):
+        out = super()._ran(chosen)
+        self._since_ar = 0
+        return out
+
+    def realized(self, s, seconds, tokens):
+        super().realized(s, seconds, tokens)
+        self._ar_walls.clear()
+
+
 class OldPolicy(RatioPolicy):
     """...and one wall/model ratio per mode."""
 
@@ -74,7 +90,7 @@ def main() -> None:
         for context in contexts:
             prompt = build_prompt(model, sample_text(), context, workload)
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + 96)
-            policies = {"auto": P.Policy(), "auto-old": OldPolicy(costs=LineCosts()),
+            policies = {"auto": P.Policy(), "auto-s4": S4Policy(), "auto-old": OldPolicy(costs=LineCosts()),
                         "auto-ratio": RatioPolicy(costs=LineCosts())}
             shadow = session.decoder._shadow_l0
             runs, tokens, structures = collections.defaultdict(list), {}, collections.defaultdict(list)
@@ -82,7 +98,7 @@ def main() -> None:
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method == "auto" else (lambda *a: None)
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4") else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))
                     runs[method].append(ms)
