@@ -6,7 +6,7 @@ e.g. docs/notes/policy_ab.py 1024,2048,4096,8000 continue,qa 5 ar,auto,auto-rati
 
 Methods: our fixed modes, `auto` (the shipped policy), `auto-s4` (ar priced from its step-cost
 table and its mode's wall/model ratio, never re-timed beside a speculative structure: the policy
-of 2026-11-30 in that respect), `auto-ratio` (the previous cost model and no
+of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-ratio` (the previous cost model and no
 shadow lookups, with the per-structure wall/model ratio) and `auto-old` (the policy before
 2026-11-30 evening: a least-squares line through the measured step costs, gammas not bounded by
 the sizes timed, one wall/model ratio per mode, no shadow lookups). Each auto variant keeps its
@@ -72,6 +72,15 @@ class S4Policy(P.Policy):
         self._ar_walls.clear()
 
 
+class RetimedTablePolicy(P.Policy):
+    """ar re-timed every AR_RETIME cycles beside a speculative structure, but priced as auto-s4
+    prices it (its step-cost table times its mode's wall/model ratio), not by its last cycles."""
+
+    def realized(self, s, seconds, tokens):
+        super().realized(s, seconds, tokens)
+        self._ar_walls.clear()
+
+
 class OldPolicy(RatioPolicy):
     """...and one wall/model ratio per mode."""
 
@@ -90,7 +99,7 @@ def main() -> None:
         for context in contexts:
             prompt = build_prompt(model, sample_text(), context, workload)
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + 96)
-            policies = {"auto": P.Policy(), "auto-s4": S4Policy(), "auto-old": OldPolicy(costs=LineCosts()),
+            policies = {"auto": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-old": OldPolicy(costs=LineCosts()),
                         "auto-ratio": RatioPolicy(costs=LineCosts())}
             shadow = session.decoder._shadow_l0
             runs, tokens, structures = collections.defaultdict(list), {}, collections.defaultdict(list)
@@ -98,7 +107,7 @@ def main() -> None:
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4") else (lambda *a: None)
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4", "auto-rt") else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))
                     runs[method].append(ms)
