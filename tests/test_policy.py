@@ -6,9 +6,10 @@ import time
 
 import pytest
 
+from engine.decoding import measurements
+from engine.decoding.measurements import StepCosts
 from engine.decoding.policy import (AR_RETIME, AR_SAMPLES, EXPLORE_CYCLES, GROW, OUTLIER, REFRESH_CYCLES, Policy,
-                                     StepCosts, Structure, expected_tokens)
-from engine.decoding import policy as policy_module
+                                     Structure, expected_tokens)
 from engine.decoding.drafters import NgramDrafter
 from engine.decoding.session import ChatSession
 from engine.events import ChatMessage, DocumentText
@@ -190,7 +191,7 @@ def test_auto_scores_the_ngram_drafter_on_cycles_it_took_no_part_in(tiny, sample
     """While auto runs ar, every cycle also asks the n-gram drafter what it would have proposed and
     counts how much of it the emitted token confirms: draft-only's acceptance is learned without a
     draft-only cycle, and the output is still exactly ar's."""
-    monkeypatch.setattr(policy_module, "FORGET", 1.0)  # plain counts, to compare with a recount
+    monkeypatch.setattr(measurements, "FORGET", 1.0)  # plain counts, to compare with a recount
     doc = [DocumentText("Hamlet", sample_text[:3000])]
     messages = [ChatMessage("user", "Repeat the first line of the play.")]
     ar = ChatSession(tiny, DecodeSettings(mode="ar", max_new_tokens=64), draft="none", capacity=2048)

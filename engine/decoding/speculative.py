@@ -18,7 +18,8 @@ import torch
 
 from engine.decoding.acceptance import penalty_counts, verify
 from engine.decoding.drafters import Draft, Drafter, NoDrafter, RetrievalDrafter, common_prefix, l0_draft
-from engine.decoding.policy import Policy, StepCosts, Structure
+from engine.decoding.measurements import StepCosts
+from engine.decoding.policy import Policy, Structure
 from engine.events import Level, LevelStats
 from engine.kv.full import FullCache
 from engine.kv.retrieval import RetrievalCache

@@ -1,0 +1,109 @@
+"""What the `auto` policy measures: seconds per forward at each level by tokens checked
+(`StepCosts`), and per-token acceptance at each boundary with old cycles forgotten (`Acceptance`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FORGET = 0.95  # per-observation decay of the acceptance counts
+PRIOR_SLOPE = 0.15  # cost of each extra checked token, as a share of a 1-token forward (CPU: 0.1-0.2)
+PRIOR_HIT = 0.5  # share of L0 proposals that are not empty (n-gram lookups often find nothing)
+SLOWER_WEIGHT = 0.1  # weight of a forward slower than its estimate (faster ones: 0.5)
+
+
+class StepCosts:
+    """Seconds per forward at each level ("l0": one whole proposal, "l1", "l2"), per tokens checked,
+    as moving averages; `estimate` interpolates between measured sizes and extrapolates a little."""
+
+    def __init__(self) -> None:
+        self.table: dict[str, dict[int, float]] = {"l0": {}, "l1": {}, "l2": {}}
+        self._lines: dict[str, tuple[list[tuple[int, float]], float]] = {}  # level -> (points, slope), cached
+
+    def record(self, level: str, tokens: int, seconds: float) -> None:
+        """Noise on a shared machine only ever adds time, so a faster sample is believed at once and
+        a slower one only moves the estimate a little (a burst of load must not price a structure
+        out for good: it may not run again to correct it)."""
+        row = self.table[level]
+        old = row.get(tokens)
+        if old is None:
+            row[tokens] = seconds
+        elif seconds < old:
+            row[tokens] = 0.5 * old + 0.5 * seconds
+        else:
+            row[tokens] = old + SLOWER_WEIGHT * (seconds - old)
+        self._lines.pop(level, None)
+
+    def forget(self, level: str) -> None:
+        self.table[level].clear()
+        self._lines.pop(level, None)
+
+    def measured(self, level: str) -> bool:
+        return bool(self.table[level])
+
+    def largest(self, level: str) -> int:
+        """The most tokens one timed forward at `level` has checked (0: never timed)."""
+        return max(self.table[level], default=0)
+
+    def estimate(self, level: str, tokens: int) -> float | None:
+        """Seconds for a forward checking `tokens` tokens, or None if this level was never timed.
+        Between two measured sizes: the straight line through them (on a CPU the cost is a
+        staircase: the int4 kernel works in blocks of 4 rows, so one line through every point
+        priced a 4-token check like a 5-token one). Beyond them: the slope from the smallest to the
+        largest measured size, or with one point the prior slope; the policy only extrapolates a
+        little (GROW)."""
+        row = self.table[level]
+        if not row:
+            return None
+        if tokens in row:
+            return row[tokens]
+        line = self._lines.get(level)
+        if line is None:
+            self._lines[level] = line = self._fit(row)
+        points, slope = line
+        below = [p for p in points if p[0] < tokens]
+        above = [p for p in points if p[0] > tokens]
+        if below and above:
+            (n0, t0), (n1, t1) = below[-1], above[0]
+            return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+        n0, t0 = below[-1] if below else above[0]
+        return max(1e-6, t0 + slope * (tokens - n0))
+
+    @staticmethod
+    def _fit(row: dict[int, float]) -> tuple[list[tuple[int, float]], float]:
+        """The measured points in size order and the slope to extrapolate with (never negative)."""
+        points = sorted(row.items())
+        if len(points) == 1:
+            n0, t0 = points[0]
+            return points, PRIOR_SLOPE * t0 / (1.0 + PRIOR_SLOPE * (n0 - 1))
+        (n0, t0), (n1, t1) = points[0], points[-1]
+        return points, max(0.0, (t1 - t0) / (n1 - n0))
+
+
+@dataclass
+class Acceptance:
+    """Per-token acceptance at one boundary, accepted / checked, with old cycles forgotten."""
+
+    prior: float
+    accepted: float = 0.0
+    tested: float = 0.0
+    proposals: float = 0.0
+    nonempty: float = 0.0
+
+    def add(self, proposed: int, accepted: int) -> None:
+        self.accepted = FORGET * self.accepted + accepted
+        self.tested = FORGET * self.tested + (accepted + (1 if accepted < proposed else 0) if proposed else 0)
+        self.proposals = FORGET * self.proposals + 1
+        self.nonempty = FORGET * self.nonempty + (1 if proposed else 0)
+
+    @property
+    def known(self) -> bool:
+        return self.tested >= 4
+
+    @property
+    def rate(self) -> float:
+        # a few prior pseudo-checks keep one lucky cycle from reading as certainty
+        return (self.accepted + 2 * self.prior) / (self.tested + 2)
+
+    @property
+    def hit(self) -> float:
+        """Share of proposals that offered at least one token."""
+        return (self.nonempty + PRIOR_HIT) / (self.proposals + 1)
