@@ -6,7 +6,7 @@ e.g. docs/notes/policy_ab.py 1024,2048,4096,8000 continue,qa 5 ar,auto,auto-rati
 
 Methods: our fixed modes, `auto` (the shipped policy), `auto-s4` (ar priced from its step-cost
 table and its mode's wall/model ratio, never re-timed beside a speculative structure: the policy
-of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-ratio` (the previous cost model and no
+of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-min` (re-timed, priced at the lower of the two), `auto-ratio` (the previous cost model and no
 shadow lookups, with the per-structure wall/model ratio) and `auto-old` (the policy before
 2026-11-30 evening: a least-squares line through the measured step costs, gammas not bounded by
 the sizes timed, one wall/model ratio per mode, no shadow lookups). Each auto variant keeps its
@@ -21,6 +21,7 @@ import sys
 
 import torch
 
+from engine.decoding import measurements as M
 from engine.decoding import policy as P
 from engine.decoding.session import ChatSession
 from engine.model.loading import load_folder
@@ -42,7 +43,7 @@ class LineCosts(P.StepCosts):
         points = list(row.items())
         if len(points) == 1:
             n0, t0 = points[0]
-            mean_n, mean_t, slope = n0, t0, P.PRIOR_SLOPE * t0 / (1.0 + P.PRIOR_SLOPE * (n0 - 1))
+            mean_n, mean_t, slope = n0, t0, M.PRIOR_SLOPE * t0 / (1.0 + M.PRIOR_SLOPE * (n0 - 1))
         else:
             mean_n = sum(n for n, _ in points) / len(points)
             mean_t = sum(t for _, t in points) / len(points)
@@ -81,6 +82,21 @@ class RetimedTablePolicy(P.Policy):
         self._ar_walls.clear()
 
 
+class LowerPricePolicy(P.Policy):
+    """Re-timed like auto, with ar priced at the lower of its two estimates: its last cycles'
+    median and its step-cost table times its mode's wall/model ratio."""
+
+    def seconds_per_token(self, s, corrected=True):
+        got = super().seconds_per_token(s, corrected)
+        if got is None or s.mode is not P.Mode.AR or not corrected or not self._ar_walls:
+            return got
+        walls, self._ar_walls = self._ar_walls, []
+        try:
+            return min(got, super().seconds_per_token(s, corrected))
+        finally:
+            self._ar_walls = walls
+
+
 class OldPolicy(RatioPolicy):
     """...and one wall/model ratio per mode."""
 
@@ -99,7 +115,7 @@ def main() -> None:
         for context in contexts:
             prompt = build_prompt(model, sample_text(), context, workload)
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + 96)
-            policies = {"auto": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-old": OldPolicy(costs=LineCosts()),
+            policies = {"auto": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-old": OldPolicy(costs=LineCosts()),
                         "auto-ratio": RatioPolicy(costs=LineCosts())}
             shadow = session.decoder._shadow_l0
             runs, tokens, structures = collections.defaultdict(list), {}, collections.defaultdict(list)
@@ -107,7 +123,7 @@ def main() -> None:
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4", "auto-rt") else (lambda *a: None)
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4", "auto-rt", "auto-min") else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))
                     runs[method].append(ms)
