@@ -383,7 +383,7 @@ def test_a_fixed_mode_leaves_the_policy_as_auto_left_it():
 
 
 def test_setting_up_the_retrieval_cache_is_not_charged_to_the_cycle_that_needed_it(tiny, sample_text):
-    """Selecting L1's cache on a switch to L1 (or for a new budget) is a one-off: the cycle's wall
+    """Selecting L1's cache for its first use (or a new prompt or budget) is a one-off: the cycle's wall
     time the policy learns from leaves it out (it made retrieval-only look 2x dearer at qa 8K after
     its one exploration cycle)."""
     doc = [DocumentText("Hamlet", sample_text[:3000])]

@@ -137,7 +137,7 @@ class HierarchicalDecoder:
                 or (s.rebuild_stride and self._since_rebuild >= s.rebuild_stride)):
             t0 = time.perf_counter()
             self.rebuild()
-            if setup:  # a new prompt, budget or switch to L1: not what L1 costs per token
+            if setup:  # L1's first use, a new prompt, budget or chunk: not what L1 costs per token
                 self._setup_s += time.perf_counter() - t0
         else:
             r.sync()
