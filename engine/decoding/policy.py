@@ -29,6 +29,7 @@ kept from the turn's first cycles went stale both ways: a slow spell inflated it
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from engine.decoding.measurements import FORGET, Acceptance, StepCosts
@@ -106,7 +107,7 @@ class Policy:
     _since_refresh: int = 0  # cycles since the runner-up last ran
     _scored_rates: dict = field(default_factory=dict)  # acceptance at the last scoring
     _budget_moved: int = 0  # +1 / -1 once choose_budget grew / shrank the budget
-    _ar_walls: list = field(default_factory=list)  # wall seconds of the last AR_SAMPLES ar cycles
+    _ar_walls: deque = field(default_factory=lambda: deque(maxlen=AR_SAMPLES))  # wall s of the last ar cycles
     _since_ar: int = 0  # cycles since ar last ran
 
     def new_turn(self) -> None:
@@ -293,7 +294,7 @@ class Policy:
         accepted whole or not at all)."""
         self._memo.clear()
         if s.mode is Mode.AR and tokens == 1:
-            self._ar_walls = (self._ar_walls + [seconds])[-AR_SAMPLES:]
+            self._ar_walls.append(seconds)
         predicted = self.seconds_per_token(s, corrected=False)
         if predicted is None or tokens < 1:
             return
