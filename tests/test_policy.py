@@ -370,59 +370,6 @@ def test_ar_is_priced_by_its_own_recent_cycles_and_re_timed_beside_a_speculative
     assert [p.choose(AUTO, has_l0=True, context_tokens=8000).mode for _ in range(8)] == [Mode.AR] * 8
 
 
-def _draft_30_pct_policy() -> Policy:
-    """L2: 100 ms + 15 ms per extra token, L1 about as dear; an n-gram drafter right on 30 % of
-    tokens: draft-only is predicted ~7 % faster than ar, inside SPECULATION_GAIN (ar runs)."""
-    p = Policy()
-    for n in range(1, 14):
-        p.costs.record("l2", n, 0.100 + 0.015 * (n - 1))
-        p.costs.record("l1", n, 0.095 + 0.015 * (n - 1))
-    for i in range(200):
-        p.observe("l0_l2", 1, 1 if i % 20 < 6 else 0)
-        p.observe("l1_l2", 4, 0)
-        p.observe("l0_l1", 1, 0)
-    for m in Mode:
-        p.tried[m] = EXPLORE_CYCLES
-    return p
-
-
-@pytest.mark.parametrize("normalize", [True, False])
-def test_a_busy_spell_does_not_price_the_structure_that_ran_in_it_above_the_others(normalize):
-    """draft-only's cycles ran on a quiet machine; then ar ran while every forward took 1.5x its
-    quiet time. Wall times are learned divided by the cycle's load factor (its L2 forward over the
-    table's estimate), so ar keeps its quiet price and auto stays on it. Learned raw (as before),
-    ar read 1.5x dearer than the others' quiet prices and auto left it for draft-only."""
-    p = _draft_30_pct_policy()
-    p.normalize_load = normalize
-    draft, ar = Structure(Mode.DRAFT_ONLY, 1, 1), Structure(Mode.AR)
-    for _ in range(10):  # draft-only's cycles: as modelled, on a quiet machine
-        p.note_l2(2, 0.115)
-        p.realized(draft, 2 * p.seconds_per_token(draft, corrected=False), 2)
-    assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is Mode.AR
-    for _ in range(AR_SAMPLES):  # the busy spell: ar's forward and its whole cycle 1.5x slower
-        p.note_l2(1, 1.5 * 0.100)
-        p.realized(ar, 1.5 * 0.1005, 1)
-    p.new_turn()
-    chosen = p.choose(AUTO, has_l0=True, context_tokens=8000)
-    if normalize:
-        assert p.seconds_per_token(ar) == pytest.approx(0.1005)
-        assert chosen.mode is Mode.AR
-    else:  # the bias this fixes
-        assert p.seconds_per_token(ar) == pytest.approx(1.5 * 0.1005)
-        assert chosen.mode is Mode.DRAFT_ONLY
-
-
-def test_a_forward_size_never_timed_takes_the_recent_load_factor():
-    p = Policy()
-    p.costs.record("l2", 1, 0.100)
-    for _ in range(20):
-        p.note_l2(1, 0.200)  # busy: 2x
-    p.note_l2(7, 0.400)  # no table entry for 7 tokens: the recent factor (~2) stands for it
-    p.realized(Structure(Mode.RETRIEVAL_ONLY, 1, 6), 0.500, 4)
-    wall, _ = p._realized[Mode.RETRIEVAL_ONLY]
-    assert wall == pytest.approx(0.250, rel=0.01)
-
-
 def test_a_cycle_far_over_its_prediction_re_scores_at_once():
     """Re-scoring waits RESCORE_EVERY cycles while nothing moves, but not after a cycle that ran
     SURPRISE times its prediction (triforce at g2 = 8 ran four cycles at 2-3x before a re-score)."""

@@ -4,8 +4,7 @@ Usage (from the repo root):
     OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python docs/notes/policy_ab.py CONTEXTS WORKLOADS REPEATS METHODS
 e.g. docs/notes/policy_ab.py 1024,2048,4096,8000 continue,qa 5 ar,auto,auto-ratio,auto-old,triforce,draft-only,retrieval-only
 
-Methods: our fixed modes, `auto` (the shipped policy), `auto-s5` (wall times learned raw, not
-divided by the cycle's load factor: the policy of 2026-12-01 early morning), `auto-s4` (ar priced from its step-cost
+Methods: our fixed modes, `auto` (the shipped policy), `auto-s4` (ar priced from its step-cost
 table and its mode's wall/model ratio, never re-timed beside a speculative structure: the policy
 of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-min` (re-timed, priced at the lower of the two), `auto-ratio` (the previous cost model and no
 shadow lookups, with the per-structure wall/model ratio) and `auto-old` (the policy before
@@ -98,12 +97,6 @@ class LowerPricePolicy(P.Policy):
             self._ar_walls = walls
 
 
-class S5Policy(P.Policy):
-    """Wall times learned as measured, not divided by the cycle's load factor (as at 462b17a)."""
-
-    normalize_load = False
-
-
 class OldPolicy(RatioPolicy):
     """...and one wall/model ratio per mode."""
 
@@ -122,7 +115,7 @@ def main() -> None:
         for context in contexts:
             prompt = build_prompt(model, sample_text(), context, workload)
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + 96)
-            policies = {"auto": P.Policy(), "auto-s4": S4Policy(), "auto-s5": S5Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-old": OldPolicy(costs=LineCosts()),
+            policies = {"auto": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-old": OldPolicy(costs=LineCosts()),
                         "auto-ratio": RatioPolicy(costs=LineCosts())}
             shadow = session.decoder._shadow_l0
             runs, tokens, structures = collections.defaultdict(list), {}, collections.defaultdict(list)
@@ -130,7 +123,7 @@ def main() -> None:
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4", "auto-s5", "auto-rt", "auto-min") else (lambda *a: None)
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4", "auto-rt", "auto-min") else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))
                     runs[method].append(ms)

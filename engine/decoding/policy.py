@@ -25,13 +25,6 @@ speculative structure runs, one ar cycle every AR_RETIME cycles keeps that price
 are then timed interleaved, in the same spell of machine load, as the bench compares them. (A price
 kept from the turn's first cycles went stale both ways: a slow spell inflated it, at qa 2K to
 62.7 ms/token against 32.9 measured, and auto stayed on structures slower than ar.)
-
-Every wall time is learned load-free: a cycle's wall is divided by how much slower than its table
-estimate the cycle's own L2 forward ran (`note_l2`). The step-cost table believes fast samples at
-once, so it prices every structure as on a quiet machine; a wall taken raw in a busy spell made the
-structure that ran then (ar, while it was current) look dearer than the others' quiet prices, and
-auto left ar for structures no faster (continue 2K: ar's walls at 50 ms against quiet prices of
-35-38 for the rest, then triforce at 60-84 ms/token).
 """
 from __future__ import annotations
 
@@ -62,7 +55,6 @@ OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structu
 AR_RETIME = 16  # on a speculative structure, one ar cycle every 16 cycles re-times ar ...
 AR_SAMPLES = 3  # ... priced at the median wall time of its last 3 cycles
 SURPRISE = 1.5  # a cycle over 1.5x its structure's predicted ms/token re-scores the choice at once
-LOAD_FORGET = 0.7  # the load factor of a cycle whose L2 forward size was never timed: recent cycles'
 
 
 def expected_tokens(acceptance: float, gamma: int) -> float:
@@ -118,24 +110,10 @@ class Policy:
     _budget_moved: int = 0  # +1 / -1 once choose_budget grew / shrank the budget
     _ar_walls: deque = field(default_factory=lambda: deque(maxlen=AR_SAMPLES))  # wall s of the last ar cycles
     _since_ar: int = 0  # cycles since ar last ran
-    normalize_load: bool = True  # learn wall times divided by the cycle's load factor (see note_l2)
-    _cycle_load: float | None = None  # this cycle's L2 forward time over its table estimate
-    _load: float = 1.0  # recent cycles' load factor, for a forward size not yet in the table
 
     def new_turn(self) -> None:
         """A new prompt: score afresh at the next cycle."""
         self._settled = False
-
-    def note_l2(self, tokens: int, seconds: float) -> None:
-        """The cycle's L2 forward checked `tokens` tokens in `seconds`; called before the step-cost
-        table records it. Its ratio to the table's estimate for that size is the cycle's load factor
-        (the machine's other work slows every forward of a cycle alike)."""
-        estimate = self.costs.table["l2"].get(tokens)
-        if estimate is None or estimate <= 0.0 or seconds <= 0.0:
-            self._cycle_load = None
-            return
-        self._cycle_load = min(max(seconds / estimate, 0.5), OUTLIER)
-        self._load = LOAD_FORGET * self._load + (1.0 - LOAD_FORGET) * self._cycle_load
 
     def observe(self, boundary: str, proposed: int, accepted: int) -> None:
         self.acceptance[boundary].add(proposed, accepted)
@@ -316,9 +294,6 @@ class Policy:
         Python) and how far real acceptance runs from the i.i.d. E(a, g) (n-gram drafts are
         accepted whole or not at all)."""
         self._memo.clear()
-        load, self._cycle_load = (self._cycle_load if self._cycle_load is not None else self._load), None
-        if self.normalize_load:
-            seconds /= load  # what the cycle would have taken on a machine as quiet as the table's
         believed = self.seconds_per_token(s)
         if believed is not None and tokens >= 1 and seconds > SURPRISE * believed * tokens:
             self._settled = False  # do not wait RESCORE_EVERY cycles on a structure this far off (at

@@ -226,8 +226,6 @@ class HierarchicalDecoder:
         """A forward at `level` ("l0": a whole proposal) that checked `tokens` tokens took `seconds`."""
         self.stats.times.record(level, tokens, seconds)
         if self._policy_learns():
-            if level == "l2":
-                self.policy.note_l2(tokens, seconds)
             self.policy.costs.record(level, tokens, seconds)
 
     def checked(self, boundary: str, proposed: int, accepted: int) -> None:
