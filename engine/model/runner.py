@@ -233,18 +233,16 @@ class LlamaRunner:
         """tokens, positions [T] (int64) -> logits [T, V] float32 (or [1, V] with last_only)."""
         arch = self.arch
         n_new = tokens.shape[0]
-        q_size, kv_size = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim
+        q_size, kv_end = arch.n_heads * arch.head_dim, arch.n_heads + arch.n_kv_heads
         x = self.embed[tokens] if isinstance(self.embed, torch.Tensor) else self.embed.rows(tokens)  # [T, hidden]
         cache.begin(positions, self.rope)
         for index, layer in enumerate(self.layers):
             if x.device != self.layer_devices[index]:  # layer split: hand the hidden state to the next card
                 x = x.to(self.layer_devices[index])
             h = rms_norm(x, layer.attn_norm, arch.rms_eps)
-            qkv = linear(h, layer.wqkv, bias=layer.bqkv)  # [T, (Hq + 2 Hkv) * D]
-            q = qkv[:, :q_size].view(n_new, arch.n_heads, arch.head_dim).transpose(0, 1)  # [Hq, T, D]
-            k = qkv[:, q_size:q_size + kv_size].view(n_new, arch.n_kv_heads, arch.head_dim).transpose(0, 1)
-            v = qkv[:, q_size + kv_size:].view(n_new, arch.n_kv_heads, arch.head_dim).transpose(0, 1)
-            attn = cache.attend(index, q, k, v)  # [Hq, T, D]
+            heads = linear(h, layer.wqkv, bias=layer.bqkv).view(n_new, -1, arch.head_dim).transpose(0, 1)
+            # [Hq + 2 Hkv, T, D]: views of q, k, v (the same strides as three separate views)
+            attn = cache.attend(index, heads[:arch.n_heads], heads[arch.n_heads:kv_end], heads[kv_end:])  # [Hq, T, D]
             x = x + linear(attn.transpose(0, 1).reshape(n_new, q_size), layer.wo)
             h = rms_norm(x, layer.mlp_norm, arch.rms_eps)
             gate, up = linear(h, layer.w_gate_up, layer.gate_up_packed).chunk(2, dim=-1)  # [T, I] each
