@@ -16,7 +16,9 @@ from engine.decoding.session import ChatSession
 from engine.errors import UnsupportedModelError
 from engine.events import ChatMessage, DocumentText
 from engine.model.loading import load_folder
-from engine.model.quant import CACHE_FILE, DENSE_ABOVE, QuantWeight, dequantize_blocks, unpermute_rows
+from engine.model import quant
+from engine.model.quant import (CACHE_FILE, DENSE_ABOVE, QuantWeight, dequantize_blocks, unpermute_rows,
+                                widened_for_prefill)
 from engine.settings import DecodeSettings
 from streams import answer_tokens
 from test_lossless import TINY_SETTINGS, assert_identical_or_near_tie
@@ -191,6 +193,52 @@ def test_snapshot_keys_never_mix_the_quantized_and_float32_targets(tiny_pair):
     settings = DecodeSettings(mode="ar")
     keys = [ChatSession(m, settings, draft="none", capacity=2048)._snapshot_key() for m in (quantized, oracle)]
     assert keys[0] != keys[1]
+
+
+def _layer_weights(runner) -> list[QuantWeight]:
+    return [w for layer in runner.layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
+
+
+def _prefill(runner, ids: torch.Tensor, chunk: int):
+    cache = runner.new_full_cache(len(ids) + 8)
+    for start in range(0, len(ids), chunk):
+        logits = runner.forward(ids[start:start + chunk], torch.arange(start, min(len(ids), start + chunk)), cache,
+                                last_only=True)
+    return logits, [k[:, :len(ids)].clone() for k in cache.keys], [v[:, :len(ids)].clone() for v in cache.values]
+
+
+def test_a_prefill_widened_once_has_every_bit_of_one_widened_per_chunk(tiny_pair):
+    runner = tiny_pair[0].runner
+    ids = torch.randint(0, 1000, (3 * 100,), generator=torch.Generator().manual_seed(3))
+    per_chunk = _prefill(runner, ids, 100)
+    with widened_for_prefill(runner) as widened:
+        once = _prefill(runner, ids, 100)
+        assert widened and all(w.dense is not None for w in _layer_weights(runner))
+    assert all(w.dense is None and not w.keep_dense for w in _layer_weights(runner))  # dropped at the end
+    assert torch.equal(once[0], per_chunk[0])
+    assert all(torch.equal(a, b) for a, b in zip(once[1] + once[2], per_chunk[1] + per_chunk[2]))
+
+
+def test_no_widened_copy_when_it_would_not_fit(tiny_pair, monkeypatch):
+    runner = tiny_pair[0].runner
+    monkeypatch.setattr(quant, "WIDEN_MAX", 1024)
+    with widened_for_prefill(runner) as widened:
+        _prefill(runner, torch.arange(200), 100)
+        assert not widened and all(w.dense is None for w in _layer_weights(runner))
+
+
+def test_a_session_widens_each_projection_once_per_prefill(tiny_pair, sample_text, monkeypatch):
+    """A prompt of several 256-token chunks: each projection is widened once, not once per chunk."""
+    target = tiny_pair[0]
+    widened = []
+    dequantize = QuantWeight.dequantize
+    monkeypatch.setattr(QuantWeight, "dequantize", lambda self: (widened.append(self), dequantize(self))[1])
+    session = ChatSession(target, DecodeSettings(mode="ar", max_new_tokens=2), draft="none", capacity=4096)
+    answer_tokens(session, [ChatMessage("user", "Who speaks first?")],
+                  [DocumentText("Hamlet", sample_text[:6000])])
+    assert len(session.held) > 3 * 256
+    assert len(widened) == len(_layer_weights(target.runner))
+    assert all(w.dense is None for w in _layer_weights(target.runner))
 
 
 def test_forcing_file_blocks_without_a_gguf_is_a_typed_error(tiny_model_dir):

@@ -12,6 +12,7 @@ import gc
 import threading
 import warnings
 import time
+from contextlib import nullcontext
 from typing import Iterator, Sequence
 
 import torch
@@ -23,6 +24,7 @@ from engine.errors import ContextOverflowError, InvalidSettingError, UserError
 from engine.events import (ChatMessage, DocumentText, Event, Finished, FinishReason, Level, Metrics,
                            PrefillProgress, TokenText)
 from engine.model.loading import LoadedModel
+from engine.model.quant import widened_for_prefill
 from engine.decoding.prompt import render_tokens
 from engine.settings import DecodeSettings, Mode
 from engine.decoding.speculative import HierarchicalDecoder
@@ -316,20 +318,21 @@ class ChatSession:
         yield PrefillProgress(0, total, reuse, 0.0)
         logits = None
         runner = self.target.runner
-        for start in range(reuse, len(tokens), chunk):
-            if self._cancel.is_set():
-                return None
-            piece = tokens[start:start + chunk]
-            last_piece = start + chunk >= len(tokens)
-            self.full.capture_query = last_piece
-            logits = runner.forward(torch.tensor(piece, device=runner.device),
-                                    torch.arange(start, start + len(piece), device=runner.device),
-                                    self.full, last_only=True)[0]
-            self.held = tokens[:start + len(piece)]
-            self.prefilled_tokens_total += len(piece)
-            elapsed = time.perf_counter() - started
-            self._prefill_stats = (total, elapsed)
-            yield PrefillProgress(start + len(piece) - reuse, total, reuse, elapsed)
+        with widened_for_prefill(runner) if total > chunk else nullcontext():  # the file's blocks widened once
+            for start in range(reuse, len(tokens), chunk):
+                if self._cancel.is_set():
+                    return None
+                piece = tokens[start:start + chunk]
+                last_piece = start + chunk >= len(tokens)
+                self.full.capture_query = last_piece
+                logits = runner.forward(torch.tensor(piece, device=runner.device),
+                                        torch.arange(start, start + len(piece), device=runner.device),
+                                        self.full, last_only=True)[0]
+                self.held = tokens[:start + len(piece)]
+                self.prefilled_tokens_total += len(piece)
+                elapsed = time.perf_counter() - started
+                self._prefill_stats = (total, elapsed)
+                yield PrefillProgress(start + len(piece) - reuse, total, reuse, elapsed)
         if logits is None:  # nothing to compute: everything was cached (only possible without keep_last)
             return torch.empty(0)
         self._save_snapshot(tokens)

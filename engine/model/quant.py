@@ -25,10 +25,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
+import psutil
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
@@ -46,6 +48,11 @@ _PACK_ROWS = 4096  # rows packed per call (bounds the int32 scratch copy)
 # tokens) stay below this, so decoding and verification keep one arithmetic; prefill chunks are
 # computed exactly as the float32 oracle computes them.
 DENSE_ABOVE = 64
+# Widening the bundled model's blocks took 215 ms per prefill chunk, a third of a 256-token chunk's
+# time: over a prefill of several chunks the float32 copy is kept (widened_for_prefill) when it fits
+# in WIDEN_SHARE of the memory available, and WIDEN_MAX at most.
+WIDEN_SHARE = 0.25
+WIDEN_MAX = 4 << 30
 
 
 class QuantWeight:
@@ -67,6 +74,8 @@ class QuantWeight:
         if packed is None or scales_zeros is None:
             packed, scales_zeros = _pack(kind, blocks, in_features)
         self.packed, self.scales_zeros = packed, scales_zeros  # [out_pad, in' / 2] u8, [in' / 32, out_pad, 2] bf16
+        self.keep_dense = False  # set by widened_for_prefill: widen once, keep the copy until it ends
+        self.dense: torch.Tensor | None = None  # [out, in] float32, while keep_dense
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -76,7 +85,11 @@ class QuantWeight:
         """x [T, in] float32 -> [T, out] float32, through torch's weight-only int4 CPU kernel; a
         prefill chunk (more than DENSE_ABOVE tokens) widens the blocks once for one float32 GEMM."""
         if x.shape[0] > DENSE_ABOVE:
-            return F.linear(x, self.dequantize())
+            if not self.keep_dense:
+                return F.linear(x, self.dequantize())
+            if self.dense is None:
+                self.dense = self.dequantize()
+            return F.linear(x, self.dense)
         xb = x.to(torch.bfloat16)
         if self.doubled:
             xb = torch.cat([xb, xb], dim=-1)  # [T, 2 in]: hi half then lo half
@@ -98,6 +111,28 @@ class QuantWeight:
         """Bytes a forward reads for this weight: the packed nibbles and the bfloat16 scales."""
         return self.packed.numel() * self.packed.element_size() + \
             self.scales_zeros.numel() * self.scales_zeros.element_size()
+
+
+@contextmanager
+def widened_for_prefill(runner) -> Iterator[bool]:
+    """While it is open, the runner's file-block projections widen to float32 once (at their first
+    prefill chunk) and keep that copy, instead of widening again for every chunk; the copies are
+    dropped when it closes. Yields whether it widens: not when the copies would take more than
+    WIDEN_SHARE of the available memory or WIDEN_MAX. The same float32 values feed the same matmul,
+    so every bit of the prefill is what it was."""
+    weights = [w for layer in getattr(runner, "layers", ()) for w in
+               (getattr(layer, name, None) for name in ("wqkv", "wo", "w_gate_up", "w_down")) if isinstance(w, QuantWeight)]
+    need = sum(4 * w.out_features * w.in_features for w in weights)
+    if not weights or need > min(WIDEN_MAX, WIDEN_SHARE * psutil.virtual_memory().available):
+        yield False
+        return
+    for w in weights:
+        w.keep_dense = True
+    try:
+        yield True
+    finally:
+        for w in weights:
+            w.keep_dense, w.dense = False, None
 
 
 def block_fields(kind: str, blocks: np.ndarray, in_features: int):
