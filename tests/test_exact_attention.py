@@ -61,3 +61,33 @@ def test_the_cpu_full_cache_pads_its_buffers_and_every_verification_fits_the_ker
     largest = DecodeSettings(mode="triforce", gamma1=MAX_DRAFT, gamma2=32)
     largest.validate()
     assert largest.speculation_tokens() <= MAX_ROWS
+
+
+def test_a_prefill_chunk_attends_in_the_prefill_dtype_and_stores_float32():
+    """The CPU target on the file's blocks prefills with bfloat16 attention (FullCache.prefill_dtype);
+    the K/V it stores and every decoding or verification step stay float32."""
+    from engine.kv.rope import Rotary, rotate
+    from transformers import LlamaConfig
+
+    rope = Rotary(LlamaConfig(head_dim=16, hidden_size=64, num_attention_heads=4), 16, torch.device("cpu"), 512)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(4, 100, 16, generator=gen), torch.randn(2, 100, 16, generator=gen), torch.randn(2, 100, 16, generator=gen)
+    outs = {}
+    for low in (None, torch.bfloat16):
+        cache = FullCache(1, 2, 16, capacity=128, dtype=torch.float32, device="cpu", prefill_dtype=low)
+        cache.begin(torch.arange(100), rope)
+        outs[low] = cache.attend(0, q, k, v)
+        cache.end()
+        assert cache.keys[0].dtype == torch.float32 and outs[low].dtype == torch.float32
+        cos, sin = rope.cos_sin(torch.arange(100), torch.float32)
+        assert torch.equal(cache.keys[0][:, :100], rotate(k, cos, sin))  # stored as computed, in float32
+        cache.begin(torch.tensor([100]), rope)  # a decoding step: the exact float32 kernel either way
+        outs[(low, "step")] = cache.attend(0, q[:, :1], k[:, :1], v[:, :1])
+        cache.end()
+    cos, sin = rope.cos_sin(torch.arange(100), torch.float32)
+    low = [t.bfloat16() for t in (rotate(q, cos, sin), rotate(k, cos, sin), v)]
+    want = gqa_attention(*low, causal_mask(100, 100, "cpu")).float()
+    assert torch.equal(outs[torch.bfloat16], want)
+    assert not torch.equal(outs[None], want)
+    torch.testing.assert_close(outs[torch.bfloat16], outs[None], rtol=0.05, atol=0.05)
+    assert torch.equal(outs[(None, "step")], outs[(torch.bfloat16, "step")])  # same K/V, same float32 step

@@ -169,6 +169,8 @@ def test_tiny_gguf_loads_quantized_and_matches_the_oracle(tiny_pair, tiny_gguf):
     quantized, oracle = tiny_pair
     runner = quantized.runner
     assert runner.weights_tag and not oracle.runner.weights_tag
+    assert runner.prefill_dtype == torch.bfloat16 and oracle.runner.prefill_dtype is None
+    assert runner.new_full_cache(16).prefill_dtype == torch.bfloat16
     layer = runner.layers[0]
     assert {type(w) for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)} == {QuantWeight}
     assert isinstance(runner.embed, QuantWeight) and isinstance(runner.lm_head, QuantWeight)
@@ -193,6 +195,7 @@ def test_snapshot_keys_never_mix_the_quantized_and_float32_targets(tiny_pair):
     settings = DecodeSettings(mode="ar")
     keys = [ChatSession(m, settings, draft="none", capacity=2048)._snapshot_key() for m in (quantized, oracle)]
     assert keys[0] != keys[1]
+    assert ":prefill-bfloat16" in keys[0] and "prefill" not in keys[1]  # K/V prefilled with float32 attention are another target's
 
 
 def _layer_weights(runner) -> list[QuantWeight]:

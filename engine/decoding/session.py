@@ -357,6 +357,8 @@ class ChatSession:
     def _snapshot_key(self) -> str:
         folder = self.target.folder
         key = f"{self.target.model_id}:{getattr(folder, 'weights_hash', '')}:{self.full.dtype}"
+        if getattr(self.full, "prefill_dtype", None) is not None:  # other prefill arithmetic, other K/V
+            key += f":prefill-{str(self.full.prefill_dtype).removeprefix('torch.')}"
         # tensor parallel sums split matmuls in another order: its K/V differ from one card's by rounding;
         # the GGUF's own blocks (weights_tag) are another target than their float32 conversion
         tags = [getattr(self.target.runner, name, "") for name in ("split_tag", "weights_tag")]

@@ -19,6 +19,11 @@ class FullCache(KVCache):
     On the CPU, forwards of up to MAX_ROWS new tokens (decoding and verification) attend through
     the batch-invariant kernel (engine/kv/exact_attention.py), so a verification row gives the bits
     a one-token step gives; the buffers are padded to its chunk size for that.
+
+    `prefill_dtype` (the CPU target on the file's blocks: bfloat16): longer forwards, the prefill
+    chunks, attend in that dtype (SDPA; 2.1x faster than float32 over 8K keys, on 2 AVX-512 cores
+    with bf16 units), the stored K/V and every decoding step staying float32. Prefill chunks are
+    aligned the same way whatever the cache held, so a prompt's bits stay one function of it.
     """
 
     name = "full"
@@ -27,10 +32,12 @@ class FullCache(KVCache):
     _hidden: torch.Tensor | None = None
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device | str, exact: bool | None = None) -> None:
+                 dtype: torch.dtype, device: torch.device | str, exact: bool | None = None,
+                 prefill_dtype: torch.dtype | None = None) -> None:
         """exact: attend through the batch-invariant kernel (default: on the CPU; caches that stand
         in for a card's, as tensor-parallel shards, pass False and attend as the card would)."""
         super().__init__(capacity, dtype, torch.device(device))
+        self.prefill_dtype = prefill_dtype if prefill_dtype != dtype else None
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.exact = self.device.type == "cpu" if exact is None else exact
         shape = (n_kv_heads, padded_length(capacity) if self.exact else capacity, head_dim)
@@ -57,7 +64,11 @@ class FullCache(KVCache):
             if self._hidden is None and self._new > 1:
                 self._hidden = hidden_tail(self._new, stop, q.shape[0] // self.n_kv_heads)
             return exact_gqa_attention(q, self.keys[layer], self.values[layer], stop, self._hidden)
-        return gqa_attention(q, self.keys[layer][:, :stop], self.values[layer][:, :stop], self._mask)
+        keys, values = self.keys[layer][:, :stop], self.values[layer][:, :stop]
+        if self.prefill_dtype is not None:  # [Hq, T, D] back in the model's dtype
+            low = self.prefill_dtype
+            return gqa_attention(q.to(low), keys.to(low), values.to(low), self._mask).to(q.dtype)
+        return gqa_attention(q, keys, values, self._mask)
 
     def end(self) -> None:
         super().end()

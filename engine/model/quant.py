@@ -350,4 +350,6 @@ def use_file_blocks(runner, gguf: Path, cache: Path | None = None) -> int:
             runner.lm_head, runner._lm_head_packed = weight, None
     if weights:
         runner.weights_tag = "gguf-int4-bf16"  # a different target: its K/V differ from float32's
+        if runner.device.type == "cpu":  # its prefill attends in bfloat16, as its projections compute
+            runner.prefill_dtype = torch.bfloat16
     return len(weights)

@@ -151,6 +151,7 @@ class LlamaRunner:
         self.arch = arch = Architecture.from_config(config)
         self.device, self.dtype = torch.device(device), dtype
         self.weights_tag = ""  # names a non-default weight path (quant.py) in snapshot keys
+        self.prefill_dtype: torch.dtype | None = None  # prefill chunks' attention dtype (FullCache), if not dtype
         self.layer_devices = [torch.device(d) for d in layer_devices] if layer_devices else [self.device] * arch.n_layers
         if len(self.layer_devices) != arch.n_layers:
             raise ValueError(f"layer_devices has {len(self.layer_devices)} entries for {arch.n_layers} layers")
@@ -195,7 +196,8 @@ class LlamaRunner:
         computes it, or in pinned CPU memory for the `offloaded` layers (OffloadedCache options)."""
         a = self.arch
         if not offloaded and not options and all(d == self.device for d in self.layer_devices):
-            return FullCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.dtype, self.device)
+            return FullCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.dtype, self.device,
+                             prefill_dtype=self.prefill_dtype)
         from engine.kv.offload import OffloadedCache
 
         return OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.dtype, self.device, offloaded,
