@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import LlamaConfig
 
 from engine.kv.attention import causal_mask, gqa_attention
 from engine.kv.exact_attention import CHUNK, MAX_ROWS, exact_gqa_attention, hidden_tail, padded_length
 from engine.kv.full import FullCache
+from engine.kv.rope import Rotary, rotate
 from engine.settings import MAX_DRAFT, DecodeSettings
 
 
@@ -66,9 +68,6 @@ def test_the_cpu_full_cache_pads_its_buffers_and_every_verification_fits_the_ker
 def test_a_prefill_chunk_attends_in_the_prefill_dtype_and_stores_float32():
     """The CPU target on the file's blocks prefills with bfloat16 attention (FullCache.prefill_dtype);
     the K/V it stores and every decoding or verification step stay float32."""
-    from engine.kv.rope import Rotary, rotate
-    from transformers import LlamaConfig
-
     rope = Rotary(LlamaConfig(head_dim=16, hidden_size=64, num_attention_heads=4), 16, torch.device("cpu"), 512)
     gen = torch.Generator().manual_seed(2)
     q, k, v = torch.randn(4, 100, 16, generator=gen), torch.randn(2, 100, 16, generator=gen), torch.randn(2, 100, 16, generator=gen)
