@@ -1,7 +1,7 @@
 """A/B of auto's policy against the one before it, interleaved in one process, with the fixed modes.
 
 Usage (from the repo root):
-    OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python docs/notes/policy_ab.py CONTEXTS WORKLOADS REPEATS METHODS
+    OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python docs/notes/policy_ab.py CONTEXTS WORKLOADS REPEATS METHODS [NEW_TOKENS]
 e.g. docs/notes/policy_ab.py 1024,2048,4096,8000 continue,qa 5 ar,auto,auto-ratio,auto-old,triforce,draft-only,retrieval-only
 
 Methods: our fixed modes, `auto` (the shipped policy), `auto-s4` (ar priced from its step-cost
@@ -110,11 +110,12 @@ def main() -> None:
     workloads, repeats, methods = sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4].split(",")
     torch.set_num_threads(2)
     model = load_folder(resolve_model("bundled"))
-    base = DecodeSettings().replace(max_new_tokens=32, stop=(), ignore_eos=True)
+    new_tokens = int(sys.argv[5]) if len(sys.argv) > 5 else 32
+    base = DecodeSettings().replace(max_new_tokens=new_tokens, stop=(), ignore_eos=True)
     for workload in workloads:
         for context in contexts:
             prompt = build_prompt(model, sample_text(), context, workload)
-            session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + 96)
+            session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + new_tokens + 64)
             policies = {"auto": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-old": OldPolicy(costs=LineCosts()),
                         "auto-ratio": RatioPolicy(costs=LineCosts())}
             shadow = session.decoder._shadow_l0
