@@ -49,6 +49,10 @@ def test_drop_prefill_ask_stream_panels_and_reopen(qtbot, make_window, tiny_mode
     seen = _record(window)
     doc = _doc(tmp_path, sample_text, 4_000)  # ~1K tokens: a few prefill chunks on the CPU
     window.settings_panel.max_new.setValue(24)
+    # a fixed mode: auto's choice follows this machine's timings, and once (1 run in 4) it proposed
+    # a single draft, rejected, leaving the acceptance panel nothing to show
+    panel_mode = window.settings_panel.mode
+    panel_mode.setCurrentIndex(panel_mode.findData("triforce"))
     window.settings_panel.flush()
 
     heartbeat.start()
@@ -81,6 +85,7 @@ def test_drop_prefill_ask_stream_panels_and_reopen(qtbot, make_window, tiny_mode
     # live panels saw non-zero acceptance and cache numbers
     m = finished.metrics
     assert m is not None and m.new_tokens > 0
+    assert [lv.name for lv in m.levels] == ["l0_l1", "l1_l2"]  # the panel's mode reached the session
     assert any(lv.proposed > 0 and lv.accepted > 0 for lv in m.levels), m.levels
     acc = window.acceptance_panel
     assert any(bar.fraction() > 0 for bar in acc.bars.values())
