@@ -16,7 +16,6 @@ e.g.   docs/notes/ngram_bound.py 1024,2048,4096,8000 continue,qa 32,64 9
 import statistics
 import sys
 import time
-from functools import lru_cache
 
 import torch
 
@@ -49,23 +48,24 @@ def step_costs(session: ChatSession, prompt: list[int], repeats: int) -> dict[in
     return {t: statistics.median(v) for t, v in times.items()}
 
 
-def bound(prompt: list[int], answer: list[int], cost: dict[int, float]) -> tuple[float, dict[int, float]]:
-    """(fewest forward-seconds for the whole answer over every draft-length schedule, seconds of each
-    fixed draft length g = 0..MAX_CHECK-1), both per token."""
+def drafts_along(prompt: list[int], answer: list[int]) -> list[list[int]]:
+    """The n-gram drafter's longest draft (MAX_CHECK - 1 tokens) at every position of the answer."""
     drafter = NgramDrafter()
+    return [drafter.propose(prompt + answer[:i], MAX_CHECK - 1, None, None).tokens for i in range(len(answer))]
+
+
+def bound(drafts: list[list[int]], answer: list[int], cost: dict[int, float]) -> tuple[float, dict[int, float]]:
+    """(fewest forward-seconds for the whole answer over every draft-length schedule, seconds of each
+    fixed draft length g = 0..MAX_CHECK-1), both per token. drafts: drafts_along(prompt, answer)."""
     n = len(answer)
-    drafts = [drafter.propose(prompt + answer[:i], MAX_CHECK - 1, None, None).tokens for i in range(n)]
 
     def advance(i: int, g: int) -> tuple[float, int]:
         draft = drafts[i][:g]
         return cost[len(draft) + 1], min(n, i + common_prefix(draft, answer[i:i + len(draft)]) + 1)
 
-    @lru_cache(maxsize=None)
-    def best(i: int) -> float:
-        if i >= n:
-            return 0.0
-        return min(c + best(j) for c, j in (advance(i, g) for g in range(MAX_CHECK)))
-
+    best = [0.0] * (n + 1)  # best[i]: fewest seconds from position i to the end
+    for i in range(n - 1, -1, -1):
+        best[i] = min(c + best[j] for c, j in (advance(i, g) for g in range(MAX_CHECK)))
     fixed = {}
     for g in range(MAX_CHECK):
         i, total = 0, 0.0
@@ -73,7 +73,7 @@ def bound(prompt: list[int], answer: list[int], cost: dict[int, float]) -> tuple
             c, i = advance(i, g)
             total += c
         fixed[g] = total / n
-    return best(0) / n, fixed
+    return best[0] / n, fixed
 
 
 def main() -> None:
@@ -83,7 +83,6 @@ def main() -> None:
     repeats = int(sys.argv[4])
     torch.set_num_threads(2)
     model = load_folder(resolve_model("bundled"))
-    sys.setrecursionlimit(10000)
     for workload in workloads:
         for context in contexts:
             prompt = build_prompt(model, sample_text(), context, workload)
@@ -92,10 +91,11 @@ def main() -> None:
             answer, _, _, _ = _run_ours(session, prompt, settings)
             session.full.rollback(len(prompt) - 1)  # the prompt held as when its answer began
             cost = step_costs(session, prompt[:-1], repeats)
+            drafts = drafts_along(prompt, answer)
             steps = " ".join(f"{t}:{cost[t] * 1e3:.1f}" for t in cost)
             print(f"== {workload} {context}: forward ms by tokens checked {steps}")
             for n in lengths:
-                best, fixed = bound(prompt, answer[:n], cost)
+                best, fixed = bound(drafts[:n], answer[:n], cost)
                 g = min(range(1, MAX_CHECK), key=lambda k: fixed[k])
                 ar = cost[1]
                 print(f"  {n} tokens: ar {ar * 1e3:.1f} ms/token; best fixed draft length {g}: {fixed[g] * 1e3:.1f}"
