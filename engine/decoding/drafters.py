@@ -88,22 +88,52 @@ class NgramDrafter:
         self.max_n, self.min_n = max_n, min_n
         self.reset()
 
+    UNDO = 512  # index positions whose overwritten entries are kept, so a rollback this deep is cheap
+
     def reset(self) -> None:
         self._seq: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}  # n-gram -> end position (exclusive) of its latest occurrence
         self._indexed = 0  # n-grams ending before this position are indexed
+        self._undo: dict[int, list[tuple[tuple[int, ...], int | None]]] = {}  # end -> [(n-gram, its entry before)]
 
     def _sync(self, seq: list[int]) -> None:
-        # the index only grows along the sequence; an edit (divergence) rebuilds it
-        if self._seq[:self._indexed] != seq[:self._indexed]:  # compared in C: ~10 us for a book, per lookup
-            self._index, self._indexed = {}, 0
+        """Index `seq`'s n-grams. The index grows along the sequence; when `seq` leaves what was
+        indexed (L1's drafts that L2 rejected, a shadow lookup behind the end), the entries past the
+        divergence are undone from the log (a full re-index of a book took ~5 ms at 8K, several
+        times per answer under triforce)."""
+        indexed = self._indexed
+        if self._seq[:indexed] != seq[:indexed]:  # compared in C: ~10 us for a book, per lookup
+            keep = min(self._same_prefix(seq, indexed), len(seq) - 1)  # ends <= keep are still right
+            if all(end in self._undo for end in range(keep + 1, indexed)):
+                for end in range(indexed - 1, keep, -1):  # newest first: restores each entry's oldest value
+                    for key, before in reversed(self._undo.pop(end)):
+                        if before is None:
+                            del self._index[key]
+                        else:
+                            self._index[key] = before
+                indexed = keep + 1
+            else:
+                self._index, self._undo, indexed = {}, {}, 0
         self._seq = seq
+        index, undo = self._index, self._undo
         limit = len(seq) - 1  # leave the current suffix out so it never matches itself
-        for end in range(max(self._indexed, 1), limit + 1):
+        for end in range(max(indexed, 1), limit + 1):
+            log = undo[end] = []
             for n in range(self.min_n, self.max_n + 1):
                 if end - n >= 0:
-                    self._index[tuple(seq[end - n:end])] = end
-        self._indexed = max(self._indexed, limit + 1)
+                    key = tuple(seq[end - n:end])
+                    log.append((key, index.get(key)))
+                    index[key] = end
+            undo.pop(end - self.UNDO, None)
+        self._indexed = max(indexed, limit + 1)
+
+    def _same_prefix(self, seq: list[int], indexed: int) -> int:
+        """How many leading tokens of `seq` equal the indexed sequence's (a divergence is nearly
+        always within the last UNDO positions: compare the rest in C)."""
+        head = max(0, indexed - self.UNDO)
+        if self._seq[:head] != seq[:head]:
+            return common_prefix(self._seq[:indexed], seq)
+        return head + common_prefix(self._seq[head:indexed], seq[head:])
 
     def prime(self, seq: list[int]) -> None:
         """Index a freshly prefilled prompt now (tens of ms for a book), not in the first cycle."""
