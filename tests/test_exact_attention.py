@@ -7,7 +7,8 @@ import torch
 from transformers import LlamaConfig
 
 from engine.kv.attention import causal_mask, gqa_attention
-from engine.kv.exact_attention import CHUNK, MAX_ROWS, exact_gqa_attention, hidden_tail, padded_length, rows_are_invariant
+from engine.kv.exact_attention import CHUNK, MAX_ROWS, exact_gqa_attention, hidden_tail, padded_length, kernel_path
+from engine.kv.exact_attention import BATCHED, ONE_ROW, ONE_ROW_CHUNKS
 from engine.kv.full import FullCache
 from engine.kv.rope import Rotary, rotate
 from engine.settings import MAX_DRAFT, DecodeSettings
@@ -21,35 +22,36 @@ def _kv(n_kv: int, positions: int, dim: int, seed: int = 0) -> tuple[torch.Tenso
 # held positions before the forward: inside one chunk, at a chunk edge, across several chunks
 @pytest.mark.parametrize("held", [0, 5, CHUNK - 3, CHUNK, 3 * CHUNK + 17])
 @pytest.mark.parametrize("new", [2, 7, 13, 34])
-@pytest.mark.parametrize("rowwise", [None, True])  # the path this machine's probe picks; one-row products
-def test_a_verification_row_has_the_bits_of_a_one_token_step(held, new, rowwise):
+@pytest.mark.parametrize("path", [None, ONE_ROW_CHUNKS])  # the path this machine's probe picks; the strict one
+def test_a_verification_row_has_the_bits_of_a_one_token_step(held, new, path):
     keys, values = _kv(3, padded_length(held + new), 64)
     q = torch.randn(9, new, 64)  # 9 query heads over 3 KV heads
-    together = exact_gqa_attention(q, keys, values, held + new, rowwise=rowwise)
+    together = exact_gqa_attention(q, keys, values, held + new, path=path)
     for i in range(new):
-        alone = exact_gqa_attention(q[:, i:i + 1].contiguous(), keys, values, held + i + 1, rowwise=rowwise)
+        alone = exact_gqa_attention(q[:, i:i + 1].contiguous(), keys, values, held + i + 1, path=path)
         assert torch.equal(alone[:, 0], together[:, i]), f"row {i} of {new} after {held} held differs"
 
 
 def test_the_probe_decides_by_what_this_machine_computes():
-    """rows_are_invariant says True exactly when a row of a batched product keeps its bits as rows
-    are added (on an AMD EPYC it did not; on an Intel Xeon it did)."""
+    """kernel_path leaves BATCHED exactly where a row of a batched product changes its bits as rows
+    are added (on an AMD EPYC it did; on an Intel Xeon it did not)."""
     keys, _ = _kv(2, 3 * CHUNK, 64, seed=4)
     q = torch.randn(2, MAX_ROWS, 64)
     one = torch.bmm(q[:, :1], keys.transpose(1, 2))
     batched_kept = all(torch.equal(torch.bmm(q[:, :n], keys.transpose(1, 2))[:, :1], one) for n in (2, 3, 5, 9, 17))
     if not batched_kept:
-        assert not rows_are_invariant(64)
+        assert kernel_path(64) != BATCHED
+    assert kernel_path(64) in (BATCHED, ONE_ROW, ONE_ROW_CHUNKS)
 
 
 @pytest.mark.parametrize("held,new", [(0, 1), (40, 1), (300, 6), (1000, 34)])
-@pytest.mark.parametrize("rowwise", [False, True])
-def test_it_is_causal_attention(held, new, rowwise):
+@pytest.mark.parametrize("path", [BATCHED, ONE_ROW, ONE_ROW_CHUNKS])
+def test_it_is_causal_attention(held, new, path):
     """Against the plain kernel (float rounding apart): each new row sees keys 0..its own."""
     total = held + new
     keys, values = _kv(2, padded_length(total), 16, seed=1)
     q = torch.randn(4, new, 16)
-    got = exact_gqa_attention(q, keys, values, total, rowwise=rowwise)
+    got = exact_gqa_attention(q, keys, values, total, path=path)
     want = gqa_attention(q, keys[:, :total], values[:, :total], causal_mask(new, total, "cpu"))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
