@@ -117,13 +117,17 @@ class NgramDrafter:
         self._seq = seq
         index, undo = self._index, self._undo
         limit = len(seq) - 1  # leave the current suffix out so it never matches itself
+        logged = limit + 1 - self.UNDO  # only the last UNDO positions can be rolled back cheaply
         for end in range(max(indexed, 1), limit + 1):
-            log = undo[end] = []
+            log = [] if end >= logged else None
             for n in range(self.min_n, self.max_n + 1):
                 if end - n >= 0:
                     key = tuple(seq[end - n:end])
-                    log.append((key, index.get(key)))
+                    if log is not None:
+                        log.append((key, index.get(key)))
                     index[key] = end
+            if log is not None:
+                undo[end] = log
             undo.pop(end - self.UNDO, None)
         self._indexed = max(indexed, limit + 1)
 
