@@ -8,7 +8,7 @@ from transformers import LlamaConfig
 
 from engine.kv.attention import causal_mask, gqa_attention
 from engine.kv.exact_attention import CHUNK, MAX_ROWS, exact_gqa_attention, hidden_tail, padded_length, kernel_path
-from engine.kv.exact_attention import BATCHED, ONE_ROW, ONE_ROW_CHUNKS
+from engine.kv.exact_attention import BATCHED, ONE_ROW, ONE_ROW_CHUNKS, PAD_CANDIDATES, Plan, kernel_plan
 from engine.kv.full import FullCache
 from engine.kv.rope import Rotary, rotate
 from engine.settings import MAX_DRAFT, DecodeSettings
@@ -32,16 +32,43 @@ def test_a_verification_row_has_the_bits_of_a_one_token_step(held, new, path):
         assert torch.equal(alone[:, 0], together[:, i]), f"row {i} of {new} after {held} held differs"
 
 
+def _rows_keep_their_bits(min_rows: int, gen: torch.Generator) -> bool:
+    """Independent of the probe's inputs: distinct random rows, one row placed at a random place of
+    products of G*T rows (padded to min_rows), scored over 1-3 chunks, mixed over 2-9 chunks."""
+    keys = torch.randn(3, 3 * CHUNK, 64, generator=gen)  # [Hkv, S, D]
+    chunks = torch.randn(9, CHUNK, 64, generator=gen)  # [C, CHUNK, D]
+    x, p = torch.randn(3, 64, generator=gen), torch.rand(9, CHUNK, generator=gen)
+    want_scores = want_mix = None
+    for new in (1, 2, 5, 13, 34, MAX_ROWS):
+        rows = max(3 * new, min_rows)
+        at = int(torch.randint(rows, (1,), generator=gen))
+        q = torch.randn(3, rows, 64, generator=gen)
+        q[:, at] = x
+        n = (new % 3 + 1) * CHUNK
+        got = torch.bmm(q, keys[:, :n].transpose(1, 2))[:, at]  # [Hkv, n]
+        want_scores = got if want_scores is None else want_scores
+        n_chunks = (2, 3, 9)[new % 3]
+        probs = torch.rand(n_chunks, rows, CHUNK, generator=gen)
+        probs[:, at] = p[:n_chunks]
+        mix = torch.bmm(probs, chunks[:n_chunks])[:2, at]  # [2, D]: the row in the first two chunks
+        want_mix = mix if want_mix is None else want_mix
+        common = min(n, want_scores.shape[1])
+        if not (torch.equal(got[:, :common], want_scores[:, :common]) and torch.equal(mix, want_mix)):
+            return False
+    return True
+
+
 def test_the_probe_decides_by_what_this_machine_computes():
-    """kernel_path leaves BATCHED exactly where a row of a batched product changes its bits as rows
-    are added (on an AMD EPYC it did; on an Intel Xeon it did not)."""
-    keys, _ = _kv(2, 3 * CHUNK, 64, seed=4)
-    q = torch.randn(2, MAX_ROWS, 64)
-    one = torch.bmm(q[:, :1], keys.transpose(1, 2))
-    batched_kept = all(torch.equal(torch.bmm(q[:, :n], keys.transpose(1, 2))[:, :1], one) for n in (2, 3, 5, 9, 17))
-    if not batched_kept:
-        assert kernel_path(64) != BATCHED
-    assert kernel_path(64) in (BATCHED, ONE_ROW, ONE_ROW_CHUNKS)
+    """kernel_plan takes BATCHED unpadded where a batched product's row keeps its bits at every
+    row count (an Intel Xeon), and where it pads, padding does make the rows keep their bits (on an
+    AMD EPYC, products of 4 or more rows agreed with each other and not with 1-3 rows)."""
+    plan = kernel_plan(64, 3, 3)
+    assert plan.path in (BATCHED, ONE_ROW, ONE_ROW_CHUNKS) and plan.min_rows in PAD_CANDIDATES
+    if _rows_keep_their_bits(1, torch.Generator().manual_seed(4)):
+        assert plan == Plan(BATCHED, 1)
+    if plan.path == BATCHED:
+        for seed in range(3):
+            assert _rows_keep_their_bits(plan.min_rows, torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("held,new", [(0, 1), (40, 1), (300, 6), (1000, 34)])

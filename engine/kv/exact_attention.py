@@ -17,30 +17,37 @@ with a different vector tail and a different BLAS blocking than the same row in 
   combined by a cumulative sum, a strictly left-to-right loop whose last entry cannot change when
   trailing all-zero chunks are appended.
 The assumption left is that the BLAS computes a row of a batched matmul the same whatever the
-number of rows (M) and batches: true of the kernels on an Intel Xeon (AVX-512, AMX) with CHUNK =
-256 (not with 1024), false on an AMD EPYC (AVX-512, the same torch and MKL), where a row's scores
-changed in the last bits with every row count. So the first call probes the machine
-(`kernel_path`) and takes the fastest of three paths whose products it finds row-invariant:
-- BATCHED: the products above, all rows of a KV head at once;
+number of rows (M), the row's place among them and the batch size. On an Intel Xeon (AVX-512, AMX)
+that held at every M with CHUNK = 256 (not with 1024). On an AMD EPYC (AVX-512, the same torch and
+MKL) a row's bits changed between M = 1, M = 2-3 and M >= 4, and a batch of one (a plain matmul)
+differed from larger batches; from 4 rows on, in batches of two or more, every row count, place
+and batch size gave the same bits. So the first call for an attention shape probes the machine
+(`kernel_plan`, with every row count that shape can bring) and takes the first of three paths
+whose products it finds invariant:
+- BATCHED: the products above, all rows of a KV head at once, padded with zero rows to the fewest
+  rows from which products agree (1 on the Xeon, 4 on the EPYC: a one-token step of 3 query heads
+  per KV head computes 4 rows); probs @ V over a single chunk runs as two chunks (one all zero);
 - ONE_ROW: every row its own one-row product, as a batch over a stride-0 view of the keys and
   values (no copy): scores over the padded keys, probs @ V over them too (p = 0 past the row's
-  own keys); invariant where the one-row kernel's result does not depend on the batch size or on
-  all-zero chunks after the row's keys (the AMD EPYC). (One product per token, M = G rows, was
-  slower there: per KV head at 8K, one token, scores 224 us against 109.)
+  own keys); for a machine where no padding helps but one-row products do not depend on the
+  batch size or on all-zero chunks after the row's keys;
 - ONE_ROW_CHUNKS: ONE_ROW's scores, and probs @ V per row and chunk combined by the cumulative
   sum (each of those products the same shape whatever the forward), for a machine whose one-row
   products change with trailing zeros; rows x heads small calls per layer (with idle OpenMP
   threads sleeping, each call pays a wake-up). Its scores still rest on one-row products giving a
   row the same bits over more keys, which the tests check.
 tests/test_exact_attention.py checks the whole function, decode against verification, bit for
-bit, on the machine it runs on, for the path it picks and for ONE_ROW_CHUNKS.
+bit, on the machine it runs on, for the path it picks and for ONE_ROW_CHUNKS, and checks the
+probe's choice on data of its own.
 
-BATCHED reads every K/V byte once, as the plain kernel does; a one-token step costs a few more
-small tensor ops (~0.1 ms per layer), a verification forward about the same as the plain kernel or
-less. The one-row paths read a KV head's keys and values once per row (mostly from cache): on the
-EPYC an 8K forward took 49.9 ms for one token and 95.8 for five, against 37.1 and 62.2 batched.
+BATCHED reads every K/V byte once, as the plain kernel does. The one-row paths read a KV head's
+keys and values once per row (mostly from cache). On the EPYC, 30 layers of the bundled model's
+attention over 8,000 keys took 17.0 ms (one token) and 40.0 ms (five) padded and batched, against
+19.5 and 64.2 ms one row at a time (medians of 7).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -66,19 +73,58 @@ def hidden_tail(new_tokens: int, total: int, group: int = 1) -> torch.Tensor | N
 
 
 BATCHED, ONE_ROW, ONE_ROW_CHUNKS = "batched", "one-row", "one-row-chunks"  # the kernel's paths
-_PATH: dict[int, str] = {}  # head_dim -> the fastest path whose products are row-invariant here
+PAD_CANDIDATES = (1, 2, 4, 8, 16)  # rows a batched product may be padded to, fewest first
 
 
-def _batched_products_invariant(dim: int, gen: torch.Generator) -> bool:
-    """Does a row of either batched product keep its bits whatever the number of rows and chunks?"""
-    keys = torch.randn(2, 3 * CHUNK, dim, generator=gen)  # [Hkv, S, D]
-    q = torch.randn(2, MAX_ROWS, dim, generator=gen)  # [Hkv, rows, D]
-    probs = torch.rand(3, MAX_ROWS, CHUNK, generator=gen)  # [chunks, rows, CHUNK]
-    scores = torch.bmm(q[:, :1], keys.transpose(1, 2))  # [Hkv, 1, S]
-    mixed = torch.bmm(probs[:2, :1], keys[0].view(3, CHUNK, dim)[:2])  # [2, 1, D]
-    for rows in range(2, MAX_ROWS + 1):
-        if not (torch.equal(torch.bmm(q[:, :rows], keys.transpose(1, 2))[:, :1], scores)
-                and torch.equal(torch.bmm(probs[:, :rows], keys[0].view(3, CHUNK, dim))[:2, :1], mixed)):
+class Plan(NamedTuple):
+    """How exact_gqa_attention runs on this machine for one attention shape."""
+    path: str  # BATCHED, ONE_ROW or ONE_ROW_CHUNKS
+    min_rows: int  # BATCHED: a product of fewer rows is padded to this many (1: never padded)
+
+
+_PLANS: dict[tuple[int, int, int], Plan] = {}  # (head_dim, group, KV heads) -> the plan probed here
+
+
+def _scores_batched(q_rows: torch.Tensor, keys: torch.Tensor, padded: int) -> torch.Tensor:
+    """q_rows [Hkv, M, D], keys [Hkv, >= padded, D] -> [Hkv, M, padded]: dot products of length D."""
+    return torch.bmm(q_rows, keys[:, :padded].transpose(1, 2))
+
+
+def _chunk_products(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """probs [M, C, CHUNK] (one KV head's rows), values [>= C*CHUNK, D] -> [max(C, 2), M, D]: each
+    chunk's probs @ V, a reduction over exactly CHUNK keys. One chunk is computed as two (the second
+    all zero): a batch of one ran a different kernel on the EPYC (plain matmul, other bits)."""
+    rows, n_chunks, _ = probs.shape
+    chunks = values[:n_chunks * CHUNK].view(n_chunks, CHUNK, -1)  # [C, CHUNK, D]
+    if n_chunks == 1:
+        probs = torch.cat([probs, torch.zeros_like(probs)], 1)  # [M, 2, CHUNK]
+        chunks = torch.cat([chunks, torch.zeros_like(chunks)])  # [2, CHUNK, D]
+    return torch.bmm(probs.transpose(0, 1), chunks)
+
+
+def _batched_products_invariant(dim: int, group: int, n_kv: int, min_rows: int, gen: torch.Generator) -> bool:
+    """Padded to at least `min_rows` rows, does a row of either batched product keep its bits
+    whatever the row count this shape can bring (group x 1..MAX_ROWS), its place among the rows,
+    the number of keys (scores) or chunks (probs @ V)? Every row and batch entry gets the same
+    input, so one product checks every place at once."""
+    x = torch.randn(dim, generator=gen)
+    key = torch.randn(3 * CHUNK, dim, generator=gen)
+    p = torch.rand(CHUNK, generator=gen)
+    v = torch.randn(CHUNK, dim, generator=gen)
+    keys = key.repeat(n_kv, 1, 1)  # [Hkv, 3*CHUNK, D], every head the same (contiguous, like the cache's)
+    rows = max(group, min_rows)  # the first row of a one-token step, over three chunks of keys
+    scores = _scores_batched(x.expand(n_kv, rows, dim).contiguous(), keys, 3 * CHUNK)[0, 0]  # [3*CHUNK]
+    mixed = None
+    for new in range(1, MAX_ROWS + 1):
+        rows = max(group * new, min_rows)
+        padded = (new % 3 + 1) * CHUNK
+        got = _scores_batched(x.expand(n_kv, rows, dim).contiguous(), keys, padded)  # [Hkv, M, S]
+        if not torch.equal(got, scores[:padded].expand_as(got)):
+            return False
+        n_chunks = (1, 2, 3, 5, 9, 33)[new % 6]
+        got = _chunk_products(p.expand(rows, n_chunks, CHUNK).contiguous(), v.repeat(n_chunks, 1))[:n_chunks]
+        mixed = got[0, 0] if mixed is None else mixed
+        if not torch.equal(got, mixed.expand_as(got)):
             return False
     return True
 
@@ -104,17 +150,28 @@ def _one_row_products_invariant(dim: int, gen: torch.Generator) -> bool:
     return True
 
 
-def kernel_path(dim: int) -> str:
-    """The path exact_gqa_attention takes on this machine at head size `dim`, probed once (a few
-    ms): BATCHED where batched products are row-invariant (an Intel Xeon), else ONE_ROW where
-    one-row products are invariant in the batch size and in trailing zero chunks (an AMD EPYC),
-    else ONE_ROW_CHUNKS (probs @ V invariant by construction, every product the same shape, but
-    many small calls)."""
-    if dim not in _PATH:
+def kernel_plan(dim: int, group: int = 1, n_kv: int = 2) -> Plan:
+    """How exact_gqa_attention runs here for head size `dim`, `group` query heads per KV head and
+    `n_kv` KV heads, probed once per shape (tens of ms): BATCHED with the fewest padded rows whose
+    batched products are row-invariant (1 on an Intel Xeon, 4 on an AMD EPYC), else ONE_ROW where
+    one-row products are invariant in the batch size and in trailing zero chunks, else
+    ONE_ROW_CHUNKS (probs @ V invariant by construction, every product the same shape, but many
+    small calls)."""
+    shape = (dim, group, n_kv)
+    if shape not in _PLANS:
         gen = torch.Generator().manual_seed(0)
-        _PATH[dim] = (BATCHED if _batched_products_invariant(dim, gen) else
-                      ONE_ROW if _one_row_products_invariant(dim, gen) else ONE_ROW_CHUNKS)
-    return _PATH[dim]
+        for min_rows in PAD_CANDIDATES:
+            if _batched_products_invariant(dim, group, n_kv, min_rows, gen):
+                _PLANS[shape] = Plan(BATCHED, min_rows)
+                break
+        else:
+            _PLANS[shape] = Plan(ONE_ROW if _one_row_products_invariant(dim, gen) else ONE_ROW_CHUNKS, 1)
+    return _PLANS[shape]
+
+
+def kernel_path(dim: int, group: int = 1, n_kv: int = 2) -> str:
+    """The path kernel_plan picks here for that shape."""
+    return kernel_plan(dim, group, n_kv).path
 
 
 def exact_gqa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, total: int,
@@ -122,7 +179,7 @@ def exact_gqa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     """q [Hq, T, D] (the last T of `total` positions), keys/values [Hkv, >= padded_length(total), D]
     (buffers whose first `total` positions are held; the rest finite, never seen)
     -> [Hq, T, D]. hidden: hidden_tail(T, total, Hq // Hkv), built once per forward. path: force
-    one of BATCHED, ONE_ROW, ONE_ROW_CHUNKS (None: kernel_path(D), this machine's)."""
+    one of BATCHED, ONE_ROW, ONE_ROW_CHUNKS (None: kernel_plan's, this machine's)."""
     n_heads, new, dim = q.shape
     n_kv = keys.shape[0]
     group = n_heads // n_kv
@@ -131,10 +188,13 @@ def exact_gqa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     if keys.shape[1] < padded:
         raise ValueError(f"exact attention needs {padded} buffer positions, the cache holds {keys.shape[1]}")
     rows = group * new
-    path = path or kernel_path(dim)
+    plan = kernel_plan(dim, group, n_kv)
+    path = path or plan.path
     q_rows = q.reshape(n_kv, rows, dim) * dim ** -0.5  # [Hkv, G*T, D]; row g*T + t
     if path == BATCHED:
-        scores = torch.bmm(q_rows, keys[:, :padded].transpose(1, 2))  # [Hkv, G*T, S_pad]
+        if plan.path == BATCHED and rows < plan.min_rows:  # zero rows: their scores are 0, never used
+            q_rows = torch.cat([q_rows, q_rows.new_zeros(n_kv, plan.min_rows - rows, dim)], 1)
+        scores = _scores_batched(q_rows, keys, padded)  # [Hkv, M, S_pad], M >= G*T
     else:
         scores = torch.empty(n_kv, rows, 1, padded, dtype=q_rows.dtype)
         for h in range(n_kv):  # a batch of one-row products over the same keys (a stride-0 view: no copy)
@@ -146,16 +206,16 @@ def exact_gqa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     else:
         if hidden is None:
             hidden = hidden_tail(new, total, group)
-        scores[:, :, total - new + 1:].masked_fill_(hidden, float("-inf"))
+        scores[:, :rows, total - new + 1:].masked_fill_(hidden, float("-inf"))
     # the row's length is a whole number of chunks and what follows its own keys is -inf: the
     # softmax's lane-wise max and sum only ever add exact zeros for them (hidden keys -> p = 0)
-    probs = torch.softmax(scores, dim=-1)  # [Hkv, G*T, S_pad]
+    probs = torch.softmax(scores, dim=-1)  # [Hkv, M, S_pad]
     if path == ONE_ROW:
         out = torch.empty(n_kv, rows, 1, dim, dtype=scores.dtype)
         for h in range(n_kv):  # [G*T, 1, S_pad] @ [G*T, S_pad, D] (stride 0): p = 0 past the row's keys
             torch.bmm(probs[h].unsqueeze(1), values[h, :padded].expand(rows, padded, dim), out=out[h])
         return out.view(n_heads, new, dim).to(q.dtype)
-    probs = probs.view(n_kv, rows, n_chunks, CHUNK)
+    probs = probs.view(n_kv, -1, n_chunks, CHUNK)
     if path == ONE_ROW_CHUNKS:
         per_row = torch.empty(n_kv, rows, n_chunks, 1, dim, dtype=scores.dtype)
         for h in range(n_kv):
@@ -164,8 +224,7 @@ def exact_gqa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
                 torch.bmm(probs[h, r].unsqueeze(1), chunks, out=per_row[h, r])
         outs = per_row.view(n_kv, rows, n_chunks, dim).cumsum(2)[:, :, -1]  # [Hkv, G*T, D]
         return outs.reshape(n_heads, new, dim).to(q.dtype)
-    per_chunk = torch.empty(n_kv, n_chunks, rows, dim, dtype=scores.dtype)
-    for h in range(n_kv):  # one KV head at a time: its chunks are one contiguous batch, never copied
-        torch.bmm(probs[h].transpose(0, 1), values[h, :padded].view(n_chunks, CHUNK, dim), out=per_chunk[h])
-    outs = per_chunk.view(n_kv, n_chunks, rows * dim).cumsum(1)[:, -1]  # [Hkv, G*T * D]
+    # one KV head at a time: its chunks are one contiguous batch, never copied; [C', M, D] each
+    per_chunk = torch.stack([_chunk_products(probs[h], values[h]) for h in range(n_kv)])  # [Hkv, C', M, D]
+    outs = per_chunk.cumsum(1)[:, -1, :rows]  # [Hkv, G*T, D]: chunks summed strictly left to right
     return outs.reshape(n_heads, new, dim).to(q.dtype)
