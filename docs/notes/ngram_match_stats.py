@@ -30,8 +30,9 @@ for ctx in [int(c) for c in sys.argv[1].split(",")]:
     seq = prompt + ans
     st = collections.defaultdict(lambda: [0, 0, 0])  # n -> [lookups, sum accepted of 4, full 4]
     miss = 0; trace = []
+    d = NgramDrafter()  # its index grows with the prefix, as in decoding
     for i in range(len(prompt), len(seq) - 4):
-        d = NgramDrafter(); pre = seq[:i]
+        pre = seq[:i]
         d._sync(pre)
         got = None
         for n in range(4, 1, -1):
