@@ -36,7 +36,8 @@ for r in range(reps):
         runs[m].append(ms)
         tot = sum(c[1] for c in cyc); toks = sum(c[2] for c in cyc)
         first = cyc[:3]
-        print(f"rep {r} {m:14s} {ms:5.1f}  cycles {len(cyc)} first3 {first}  rest {(tot - sum(c[1] for c in first)) / max(1, toks - sum(c[2] for c in first)):.1f} ms/tok")
+        rest_ms, rest_toks = tot - sum(c[1] for c in first), toks - sum(c[2] for c in first)
+        print(f"rep {r} {m:14s} {ms:5.1f}  cycles {len(cyc)} first3 {first}  rest {rest_ms / max(1, rest_toks):.1f} ms/tok")
         sys.stdout.flush()
 for m in methods:
     print(m, round(statistics.median(runs[m]), 1), [round(x, 1) for x in runs[m]])

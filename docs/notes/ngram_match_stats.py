@@ -13,7 +13,7 @@ import sys
 
 import torch
 from engine.decoding.session import ChatSession
-from engine.decoding.drafters import NgramDrafter
+from engine.decoding.drafters import NgramDrafter, common_prefix
 from engine.model.loading import load_folder
 from engine.settings import DecodeSettings
 from engine.store.models import resolve_model
@@ -41,10 +41,8 @@ for ctx in [int(c) for c in sys.argv[1].split(",")]:
                 got = (n, pre[end:end + 4]); break
         if got is None:
             miss += 1; trace.append('.'); continue
-        n, dr = got; acc = 0
-        for a, b in zip(dr, seq[i:i + 4]):
-            if a != b: break
-            acc += 1
+        n, dr = got
+        acc = common_prefix(dr, seq[i:i + 4])
         st[n][0] += 1; st[n][1] += acc; st[n][2] += acc == 4
         trace.append(str(acc) if n == 4 else 'abc'[n - 2] if acc == 0 else str(acc))
     print(ctx, wl, f"ar {ms:.1f} ms/tok  miss {miss}", {n: (v[0], round(v[1] / v[0], 2), v[2]) for n, v in sorted(st.items())})
