@@ -24,9 +24,10 @@ from streams import answer_tokens
 from test_lossless import TINY_SETTINGS, assert_identical_or_near_tie
 
 KINDS = ("Q4_0", "Q4_1", "Q8_0")
-# A projection computes from x and block scales rounded to bfloat16 and returns bfloat16 (quant.py):
-# its largest error is a few bfloat16 steps of the output's RMS. Measured here: 0.5-2 % of the RMS.
-MATMUL_TOLERANCE = 0.04  # x RMS of the float32 oracle's output
+# The native kernel is the oracle up to float32 sums (~1e-6, tests/test_native.py); where it cannot
+# be built, torch's int4 kernel computes from x and block scales rounded to bfloat16 and returns
+# bfloat16 (quant.py): its largest error is a few bfloat16 steps, 0.5-2 % of the output's RMS.
+MATMUL_TOLERANCE = 0.04  # x RMS of the float32 oracle's output, enough for either path
 
 
 def _blocks(kind: str, out: int, width: int, seed: int = 0) -> np.ndarray:

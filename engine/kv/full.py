@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from engine import native
 from engine.kv.attention import causal_mask, gqa_attention
 from engine.kv.base import KVCache
 from engine.kv.exact_attention import MAX_ROWS, exact_gqa_attention, hidden_tail, padded_length
@@ -17,8 +18,10 @@ class FullCache(KVCache):
     ([L, Hq, D]): the retrieval cache scores chunks against it.
 
     On the CPU, forwards of up to MAX_ROWS new tokens (decoding and verification) attend through
-    the batch-invariant kernel (engine/kv/exact_attention.py), so a verification row gives the bits
-    a one-token step gives; the buffers are padded to its chunk size for that.
+    a batch-invariant kernel, so a verification row gives the bits a one-token step gives: the
+    native one (engine/native: one pass over K and V for all rows) where it was built, else the
+    one made of torch ops (engine/kv/exact_attention.py); the buffers are padded to the latter's
+    chunk size.
 
     `prefill_dtype` (the CPU target on the file's blocks: bfloat16): longer forwards, the prefill
     chunks, attend in that dtype (SDPA; 2.1x faster than float32 over 8K keys, on 2 AVX-512 cores
@@ -45,6 +48,7 @@ class FullCache(KVCache):
         self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
         self.capture_query = False
         self.last_query: list[torch.Tensor | None] = [None] * n_layers
+        self._native = self.exact and dtype == torch.float32 and native.attention_supports(head_dim, shape[1])
 
     def _prepare(self, positions: torch.Tensor, rope: Rotary) -> None:
         self._cos, self._sin = rope.cos_sin(positions, self.dtype)
@@ -61,6 +65,8 @@ class FullCache(KVCache):
         if self.capture_query:
             self.last_query[layer] = q[:, -1].clone()  # [Hq, D]
         if self._invariant:
+            if self._native:
+                return native.attention(q, self.keys[layer], self.values[layer], stop)
             if self._hidden is None and self._new > 1:
                 self._hidden = hidden_tail(self._new, stop, q.shape[0] // self.n_kv_heads)
             return exact_gqa_attention(q, self.keys[layer], self.values[layer], stop, self._hidden)

@@ -6,19 +6,25 @@ A GGUF block holds 32 weights of one row with its own float16 scale (and minimum
   Q8_0: [d f16][32 int8]                    w = d * q,        q in -128..127
 Nibble j of a block holds element j (low 4 bits) and element j + 16 (high 4 bits).
 
-torch's CPU weight-only int4 kernel dequantizes group-wise as (u - 8) * scale + zero, u in 0..15,
-with groups of 32 along the input: the same block structure. So
+Decoding and verification (up to DENSE_ABOVE tokens) run the blocks as stored through the native
+kernel (engine/native/kernels.c): each block is widened to float32 in registers and multiplied with
+float32 activations, so a projection equals the float32 oracle (x @ dequantize().T) up to the order
+of a float32 sum (~1e-6 of its output); prefill chunks widen the blocks once for one GEMM, which is
+the oracle's own arithmetic.
+
+Where no C compiler is found (or TRIFORCE_NATIVE=0), torch's CPU weight-only int4 kernel runs
+instead. It dequantizes group-wise as (u - 8) * scale + zero, u in 0..15, with groups of 32 along
+the input: the same block structure. So
   Q4_0: u = q, scale d, zero 0;     Q4_1: u = q, scale d, zero m + 8 d;
   Q8_0: q = 16 hi + lo (hi in -8..7, lo in 0..15) is two int4 halves over a doubled input
         [x, x]: u = hi + 8 with scale 16 d, zero 0, and u = lo with scale d, zero 8 d.
-The kernel is fast on this CPU only with bfloat16 activations and scales (with float32 ones it
-ran 15-45x slower than a float32 matmul on a 2-core Xeon), so the quantized target computes each
-projection from x rounded to bfloat16 and block scales rounded to bfloat16, and returns bfloat16.
-Against the oracle (float32 x @ dequantize().T) one projection's largest error is 0.5-2 % of the
-output's RMS (tests/test_quant.py asserts 4 %); through the bundled model's 30 layers the logits
-differ by 3-6 % of their RMS. llama.cpp makes the same kind of trade: it rounds activations to
-8 bits before its Q4 dot products. The kernel computes each token's row alone: a row's bits do
-not depend on how many tokens share the forward (verification == decoding, tested).
+That kernel is fast only with bfloat16 activations and scales (with float32 ones it ran 15-45x
+slower than a float32 matmul on a 2-core Xeon), so that target computes each projection from x
+rounded to bfloat16 and returns bfloat16: one projection's largest error is 0.5-2 % of the output's
+RMS, and through the bundled model's 30 layers the logits differ by 3-6 % of their RMS. It is a
+different target from the native one (runner.weights_tag names which ran, so their snapshots never
+mix). Both compute each token's row alone: a row's bits do not depend on how many tokens share the
+forward (verification == decoding, tested).
 """
 from __future__ import annotations
 
@@ -35,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from engine import native
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +64,10 @@ WIDEN_MAX = 4 << 30
 
 
 class QuantWeight:
-    """One linear weight [out, in] kept as the file's own GGUF blocks, with a packed int4 copy
-    for torch's CPU kernel. matmul is the fast path; dequantize is the exact float32 oracle."""
+    """One linear weight [out, in] kept as the file's own GGUF blocks. matmul is the fast path:
+    the native kernel over the blocks as stored (engine/native, float32 activations), or, where
+    it cannot be built, torch's int4 kernel over a packed copy (bfloat16 activations, packed on
+    first use); dequantize is the exact float32 oracle."""
 
     def __init__(self, kind: str, blocks: np.ndarray, in_features: int,
                  packed: torch.Tensor | None = None, scales_zeros: torch.Tensor | None = None) -> None:
@@ -70,10 +80,11 @@ class QuantWeight:
         self.kind = kind
         self.out_features, self.in_features = int(blocks.shape[0]), in_features
         self.blocks = blocks  # [out, nb * block bytes] uint8, possibly a read-only memory map
-        self.doubled = kind == "Q8_0"  # the kernel sees the input twice: [x, x]
-        if packed is None or scales_zeros is None:
-            packed, scales_zeros = _pack(kind, blocks, in_features)
-        self.packed, self.scales_zeros = packed, scales_zeros  # [out_pad, in' / 2] u8, [in' / 32, out_pad, 2] bf16
+        self.native = native.available()  # fixed for the weight's life: one target per process
+        if self.native:
+            self.blocks = np.ascontiguousarray(blocks)  # what the kernel reads (no copy when already so)
+        self.doubled = kind == "Q8_0"  # the int4 kernel sees the input twice: [x, x]
+        self._packed = (packed, scales_zeros) if packed is not None and scales_zeros is not None else None
         self.keep_dense = False  # set by widened_for_prefill: widen once, keep the copy until it ends
         self.dense: torch.Tensor | None = None  # [out, in] float32, while keep_dense
 
@@ -81,19 +92,34 @@ class QuantWeight:
     def shape(self) -> tuple[int, int]:
         return self.out_features, self.in_features
 
+    @property
+    def packed_int4(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """torch's int4 copy (packed [out_pad, in' / 2] u8, scales_zeros [in' / 32, out_pad, 2] bf16)
+        when it was built or read from the cache; None while only the native kernel ran."""
+        return self._packed
+
+    def _int4(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._packed is None:
+            self._packed = _pack(self.kind, self.blocks, self.in_features)
+        return self._packed
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, in] float32 -> [T, out] float32, through torch's weight-only int4 CPU kernel; a
-        prefill chunk (more than DENSE_ABOVE tokens) widens the blocks once for one float32 GEMM."""
+        """x [T, in] float32 -> [T, out] float32, through the native block kernel (else torch's
+        weight-only int4 CPU kernel); a prefill chunk (more than DENSE_ABOVE tokens) widens the
+        blocks once for one float32 GEMM."""
         if x.shape[0] > DENSE_ABOVE:
             if not self.keep_dense:
                 return F.linear(x, self.dequantize())
             if self.dense is None:
                 self.dense = self.dequantize()
             return F.linear(x, self.dense)
+        if self.native:
+            return native.block_matmul(self.kind, self.blocks, x.float())
+        packed, scales_zeros = self._int4()
         xb = x.to(torch.bfloat16)
         if self.doubled:
             xb = torch.cat([xb, xb], dim=-1)  # [T, 2 in]: hi half then lo half
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), self.packed, BLOCK, self.scales_zeros)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), packed, BLOCK, scales_zeros)
         y = y.float()  # [T, out padded to 64]
         return y if y.shape[1] == self.out_features else y[:, :self.out_features]
 
@@ -108,9 +134,12 @@ class QuantWeight:
         return dequantize_blocks(self.kind, np.ascontiguousarray(self.blocks), self.in_features)
 
     def nbytes(self) -> int:
-        """Bytes a forward reads for this weight: the packed nibbles and the bfloat16 scales."""
-        return self.packed.numel() * self.packed.element_size() + \
-            self.scales_zeros.numel() * self.scales_zeros.element_size()
+        """Bytes a forward reads for this weight: the file's blocks (native kernel), or the packed
+        nibbles and the bfloat16 scales (torch's int4 kernel)."""
+        if self.native:
+            return int(self.blocks.nbytes)
+        packed, scales_zeros = self._int4()
+        return packed.numel() * packed.element_size() + scales_zeros.numel() * scales_zeros.element_size()
 
 
 @contextmanager
@@ -299,9 +328,13 @@ def cached_file_weights(gguf: Path, arch, cache: Path | None) -> dict[str, Quant
                 meta = handle.metadata() or {}
                 if meta.get("stamp") == stamp:
                     shapes = json.loads(meta["weights"])
+                    keys = set(handle.keys())
+
+                    def cached(key: str) -> torch.Tensor | None:
+                        return handle.get_tensor(key) if key in keys else None
+
                     built = {name: QuantWeight(kind, handle.get_tensor(f"{name}.blocks").numpy(), in_features,
-                                               handle.get_tensor(f"{name}.packed"),
-                                               handle.get_tensor(f"{name}.scales_zeros"))
+                                               cached(f"{name}.packed"), cached(f"{name}.scales_zeros"))
                              for name, (kind, in_features) in shapes.items() if name != "lm_head" or kind}
                     if "lm_head" in shapes and not shapes["lm_head"][0]:  # tied: one table
                         built["lm_head"] = built["embed"]
@@ -322,8 +355,9 @@ def _write_cache(cache: Path, weights: dict[str, QuantWeight], stamp: str) -> No
             shapes[name] = ["", 0]
             continue
         shapes[name] = [w.kind, w.in_features]
-        tensors.update({f"{name}.blocks": torch.from_numpy(np.require(w.blocks, requirements=("C", "W"))),
-                        f"{name}.packed": w.packed, f"{name}.scales_zeros": w.scales_zeros})
+        tensors[f"{name}.blocks"] = torch.from_numpy(np.require(w.blocks, requirements=("C", "W")))
+        if w.packed_int4 is not None:  # torch's copy, where it was built (no native kernel here)
+            tensors[f"{name}.packed"], tensors[f"{name}.scales_zeros"] = w.packed_int4
     tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
     try:
         save_file(tensors, str(tmp), metadata={"stamp": stamp, "weights": json.dumps(shapes)})
@@ -348,8 +382,8 @@ def use_file_blocks(runner, gguf: Path, cache: Path | None = None) -> int:
             runner.embed = weight
         else:
             runner.lm_head, runner._lm_head_packed = weight, None
-    if weights:
-        runner.weights_tag = "gguf-int4-bf16"  # a different target: its K/V differ from float32's
+    if weights:  # a different target from float32's (its K/V differ), and one per kernel
+        runner.weights_tag = "gguf-native-f32" if any(w.native for w in weights.values()) else "gguf-int4-bf16"
         if runner.device.type == "cpu":  # its prefill attends in bfloat16, as its projections compute
             runner.prefill_dtype = torch.bfloat16
     return len(weights)

@@ -1,0 +1,171 @@
+"""The CPU kernels in kernels.c, compiled on first use with the machine's C compiler and loaded
+with ctypes; None where no compiler works (the torch paths then run instead).
+
+Why our own kernels: on a 2-core CPU, torch's int4 kernel and the batch-invariant attention built
+from torch ops cost a verification forward about twice a one-token step, which is what decides
+whether speculation pays. kernels.c reads each weight block and each key once for all the rows of
+a forward, in one pass, with every reduction fixed by the row's own inputs (row-invariant by
+construction, no probing). The library is built with -march=native for this CPU into the kernel
+cache (TRIFORCE_KERNEL_DIR, else the user cache folder), named by a hash of the source, the
+compiler and the CPU, so a changed source or another machine builds its own. TRIFORCE_NATIVE=0
+turns the kernels off (the torch paths run, a different target: its snapshots are kept apart).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import platformdirs
+import torch  # loads torch's libgomp first: the kernels then share its OpenMP runtime and threads
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels.c")
+VERSION = 1  # triforce_kernels_version() of the source this module speaks to
+KIND_CODES = {"Q4_0": 4, "Q4_1": 5, "Q8_0": 8}
+MAX_DIM = 256  # head sizes the attention kernel takes (a multiple of 8)
+BLOCK_KEYS = 32  # keys per block in kernels.c: the buffers it reads hold whole blocks
+_FLAGS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])  # tried in order
+_lock = threading.Lock()
+_loaded: list[ctypes.CDLL | None] = []  # [] until the first call: built and loaded once per process
+
+
+def enabled() -> bool:
+    """False when TRIFORCE_NATIVE=0 asks for the torch paths."""
+    return os.environ.get("TRIFORCE_NATIVE", "1") != "0"
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("TRIFORCE_KERNEL_DIR")
+    return Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("TriForceChat", appauthor=False)) / "kernels"
+
+
+def _cpu_id() -> str:
+    """What -march=native builds for: the CPU's model and feature flags (Linux), else the platform."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        keep = [line for line in text.splitlines() if line.startswith(("model name", "flags", "Features"))]
+        return "\n".join(dict.fromkeys(keep))
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _build(compiler: str, target: Path, flags: list[str]) -> bool:
+    """Compile into a temporary file, then rename: another process never loads a half-written one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    cmd = [compiler, *flags, "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)]
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.info("native kernels: %s failed (%s)", " ".join(cmd), exc)
+        return False
+    if result.returncode != 0:
+        log.info("native kernels: %s failed: %s", " ".join(cmd), result.stderr.strip()[-500:])
+        tmp.unlink(missing_ok=True)
+        return False
+    os.replace(tmp, target)
+    return True
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.triforce_block_matmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
+    lib.triforce_block_matmul.restype = None
+    lib.triforce_attention.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, i32]
+    lib.triforce_attention.restype = i32
+    return lib
+
+
+def _load() -> ctypes.CDLL | None:
+    compiler = _compiler()
+    if compiler is None:
+        log.info("native kernels: no C compiler found (set CC): the torch paths run")
+        return None
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    source = SOURCE.read_bytes()
+    for flags in _FLAGS:
+        key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
+                                         _cpu_id().encode(), platform.machine().encode()])).hexdigest()[:16]
+        target = _cache_dir() / f"triforce-kernels-{key}{'.dll' if os.name == 'nt' else '.so'}"
+        try:
+            if not target.is_file() and not _build(compiler, target, flags):
+                continue
+            lib = ctypes.CDLL(str(target))
+            if lib.triforce_kernels_version() != VERSION:
+                continue
+            return _declare(lib)
+        except OSError as exc:
+            log.info("native kernels: %s could not be loaded (%s)", target, exc)
+    return None
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (disabled, no compiler, or the build failed): built at most once
+    per process, in about a second."""
+    if not enabled():
+        return None
+    with _lock:
+        if not _loaded:
+            _loaded.append(_load())
+        return _loaded[0]
+
+
+def available() -> bool:
+    """Whether the native kernels run in this process."""
+    return library() is not None
+
+
+def attention_supports(head_dim: int, buffer_positions: int) -> bool:
+    """Whether attention() takes float32 buffers of this head size and length (and runs here)."""
+    return head_dim % 8 == 0 and head_dim <= MAX_DIM and buffer_positions % BLOCK_KEYS == 0 and available()
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def block_matmul(kind: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+    """x [T, in] float32 @ W.T -> [T, out] float32, W the file's own GGUF blocks as stored: blocks
+    [out, in / 32 * block bytes] uint8, C-contiguous (Q4_0, Q4_1 or Q8_0)."""
+    lib = library()
+    x = x.contiguous()
+    n_tokens, width = x.shape
+    y = torch.empty(n_tokens, blocks.shape[0], dtype=torch.float32)
+    lib.triforce_block_matmul(KIND_CODES[kind], blocks.ctypes.data, blocks.shape[0], width, _ptr(x), n_tokens,
+                              _ptr(y), torch.get_num_threads())
+    return y
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, total: int) -> torch.Tensor:
+    """q [Hq, T, D] float32 (the last T of `total` positions), keys/values [Hkv, cap, D] float32
+    contiguous buffers holding `total` positions -> [Hq, T, D]: causal GQA, row-invariant."""
+    lib = library()
+    q = q.contiguous()
+    n_heads, n_tokens, dim = q.shape
+    if not (keys.is_contiguous() and values.is_contiguous()):
+        raise ValueError("native attention reads contiguous [Hkv, cap, D] buffers")
+    out = torch.empty_like(q)
+    rc = lib.triforce_attention(_ptr(q), _ptr(keys), _ptr(values), keys.shape[1], n_heads, keys.shape[0],
+                                n_tokens, dim, total, dim ** -0.5, _ptr(out), torch.get_num_threads())
+    if rc:
+        raise ValueError(f"native attention rejected q {tuple(q.shape)}, K/V {tuple(keys.shape)}, total {total} ({rc})")
+    return out

@@ -1,0 +1,337 @@
+/* CPU kernels for decoding and verification: the model file's own blocks times float32 activations,
+ * and attention over a float32 KV cache. Built by engine/native/__init__.py on first use.
+ *
+ * Both are row-invariant by construction: the result for one token's row is computed by the same
+ * operations in the same order whatever the number of rows in the call (T), because every reduction
+ * runs over a fixed structure of its own inputs (the blocks of a weight row; the keys 0..p of the
+ * row's own position p, in blocks and segments aligned to absolute positions) and rows never share
+ * a reduction. So verifying k drafted tokens in one forward gives the bits that k one-token steps
+ * give, which is what makes speculative decoding token-identical to plain decoding.
+ *
+ * Threads: OpenMP over output rows (matmul) and over (KV head, key segment) pairs (attention); the
+ * split among threads never changes what a row computes. Vectors: GCC/Clang vector extensions, so
+ * one source compiles to AVX2/AVX-512 on x86 and NEON on ARM.
+ */
+#include <float.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint8_t v8u8 __attribute__((vector_size(8)));
+typedef int8_t v8s8 __attribute__((vector_size(8)));
+
+#if defined(__clang__) || __GNUC__ >= 12
+#define SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
+#endif
+
+static inline v8f load8(const float *p) { v8f v; memcpy(&v, p, sizeof v); return v; }
+static inline void store8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+static inline v8f splat(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
+static inline float hsum8(v8f v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
+#ifdef __AVX2__  /* GCC scalarizes __builtin_convertvector from bytes: say it in intrinsics */
+static inline v8f u8_to_f(const uint8_t *p) {
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline v8f s8_to_f(const int8_t *p) {
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+#else
+static inline v8f u8_to_f(const uint8_t *p) {
+    v8u8 b; memcpy(&b, p, 8); return __builtin_convertvector(__builtin_convertvector(b, v8i), v8f);
+}
+static inline v8f s8_to_f(const int8_t *p) {
+    v8s8 b; memcpy(&b, p, 8); return __builtin_convertvector(__builtin_convertvector(b, v8i), v8f);
+}
+#endif
+static inline v8f vmax(v8f a, v8f b) { v8i gt = a > b; return (v8f)((gt & (v8i)a) | (~gt & (v8i)b)); }
+
+int triforce_kernels_version(void) { return 1; }
+
+/* ------------------------------------------------------------------ weights: GGUF blocks
+ * The weight is the file's own blocks, [out, nb] blocks of 32 weights of one row, read as stored:
+ *   Q4_0: [d f16][16 bytes] w = d * (q - 8)   Q4_1: [d f16][m f16][16 bytes] w = d * q + m
+ *   Q8_0: [d f16][32 int8]  w = d * q
+ * In a 4-bit block, byte j holds element j (low nibble) and element j + 16 (high nibble). The
+ * weights are widened to float32 in registers (Q4_0's as d * q + (-8 d), which is exactly d * (q - 8))
+ * and multiplied with float32 activations x [T, in]: y [T, out], in = 32 nb. Tokens are taken up to
+ * 4 at a time, so a block is widened once per 4 tokens. */
+static inline float half_to_float(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, bits;
+    float f;
+    if (exp == 0x1F) bits = sign | 0x7F800000u | (man << 13);
+    else if (exp) bits = sign | ((exp + 112u) << 23) | (man << 13);
+    else {  /* zero or subnormal: man * 2^-24, exact in float32 */
+        f = (float)man * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline int block_bytes(int kind) { return kind == 8 ? 34 : kind == 5 ? 20 : 18; }
+
+#define TOKENS_PER_PASS 4
+#define ROWS_PER_PASS 2
+
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+
+static inline void widen_q4(const uint8_t *nib, float d, float m, v8f w[4]) {
+    v16u8 b, lo, hi;
+    memcpy(&b, nib, sizeof b);  /* elements 0-15 in the low nibbles, 16-31 in the high ones */
+    lo = b & 0x0F;
+    hi = b >> 4;
+    const v8f dv = splat(d), mv = splat(m);
+    const uint8_t *l = (const uint8_t *)&lo, *h = (const uint8_t *)&hi;
+    w[0] = u8_to_f(l) * dv + mv;
+    w[1] = u8_to_f(l + 8) * dv + mv;
+    w[2] = u8_to_f(h) * dv + mv;
+    w[3] = u8_to_f(h + 8) * dv + mv;
+}
+
+static inline void widen_q8(const int8_t *q, float d, v8f w[4]) {
+    v8f dv = splat(d);
+    for (int k = 0; k < 4; k++) w[k] = s8_to_f(q + 8 * k) * dv;
+}
+
+/* Rows [o, o + nr) times tokens [t0, t0 + nt). Per row and token two 8-lane accumulators, one for
+ * the even and one for the odd quarters of every block, over the blocks in order, summed at the end
+ * in a fixed order: the same operations for a token whatever nr, nt or the other tokens. */
+static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *blocks, int64_t nb,
+                                                       const float *x, int64_t in, int64_t t0, int nt,
+                                                       float *y, int64_t out, int64_t o, int nr) {
+    const int bb = block_bytes(kind);
+    v8f acc[ROWS_PER_PASS][TOKENS_PER_PASS][2];  /* only [nr][nt] used */
+    memset(acc, 0, sizeof acc);
+    for (int64_t b = 0; b < nb; b++) {
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *blk = blocks + ((o + r) * nb + b) * bb;
+            const float d = half_to_float(blk);
+            v8f w[4];
+            if (kind == 8) widen_q8((const int8_t *)(blk + 2), d, w);
+            else if (kind == 5) widen_q4(blk + 4, d, half_to_float(blk + 2), w);
+            else widen_q4(blk + 2, d, -8.0f * d, w);
+            for (int t = 0; t < nt; t++) {
+                const float *xp = x + (t0 + t) * in + 32 * b;
+                acc[r][t][0] += w[0] * load8(xp);
+                acc[r][t][1] += w[1] * load8(xp + 8);
+                acc[r][t][0] += w[2] * load8(xp + 16);
+                acc[r][t][1] += w[3] * load8(xp + 24);
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) y[(t0 + t) * out + o + r] = hsum8(acc[r][t][0] + acc[r][t][1]);
+}
+
+/* kind: 4 (Q4_0), 5 (Q4_1), 8 (Q8_0); blocks [out, in / 32] of block_bytes(kind) each. */
+void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t in,
+                           const float *x, int64_t T, float *y, int threads) {
+    const int64_t nb = in / 32;
+    const int64_t pairs = (out + ROWS_PER_PASS - 1) / ROWS_PER_PASS;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < pairs; p++) {
+        const int64_t o = p * ROWS_PER_PASS;
+        const int nr = out - o < ROWS_PER_PASS ? (int)(out - o) : ROWS_PER_PASS;
+        for (int64_t t0 = 0; t0 < T; t0 += TOKENS_PER_PASS) {
+            const int nt = T - t0 < TOKENS_PER_PASS ? (int)(T - t0) : TOKENS_PER_PASS;
+            /* constant counts keep the accumulators in registers: two rows at a time for one or two
+             * tokens (enough independent sums to hide the FMA latency), one row for three or four */
+            switch (nt) {
+            case 1: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 1, y, out, o, 2);
+                    else tile(kind, blocks, nb, x, in, t0, 1, y, out, o, 1);
+                    break;
+            case 2: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 2, y, out, o, 2);
+                    else tile(kind, blocks, nb, x, in, t0, 2, y, out, o, 1);
+                    break;
+            case 3: for (int r = 0; r < nr; r++) tile(kind, blocks, nb, x, in, t0, 3, y, out, o + r, 1);
+                    break;
+            default: for (int r = 0; r < nr; r++) tile(kind, blocks, nb, x, in, t0, 4, y, out, o + r, 1);
+                    break;
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ attention
+ * q [Hq, T, D] (query head hq uses KV head hq / G), keys/values [Hkv, cap, D], the first `total`
+ * positions held, cap a multiple of BLOCK_KEYS (whole blocks are read; what lies past `total` is
+ * finite and gets no weight); row t of the T new tokens is position p = total - T + t and sees
+ * keys 0..p.
+ * out [Hq, T, D]. D a multiple of 8, at most MAX_DIM.
+ * Keys are split into segments of SEGMENT positions (absolute), and each segment into blocks of
+ * BLOCK_KEYS: per row, a segment keeps (running max, sum of exp, sum of exp * v) updated block by
+ * block in key order (flash-attention style; one pass over K and V for all the rows of a KV head),
+ * then the segments are combined in order. */
+#define MAX_DIM 256
+#define SEGMENT 512
+#define BLOCK_KEYS 32
+
+/* exp(x) for x <= 0 (scores minus their running max), Cephes' polynomial on [-ln2/2, ln2/2] */
+static inline v8f exp_neg(v8f x) {
+    x = vmax(x, splat(-87.0f));
+    const v8f magic = splat(12582912.0f);  /* 1.5 * 2^23: adding it rounds to an integer */
+    v8f n = (x * splat(1.44269504088896341f) + magic) - magic;
+    v8f r = (x - n * splat(0.693359375f)) - n * splat(-2.12194440e-4f);
+    v8f p = splat(1.9875691500e-4f);
+    p = p * r + splat(1.3981999507e-3f);
+    p = p * r + splat(8.3334519073e-3f);
+    p = p * r + splat(4.1665795894e-2f);
+    p = p * r + splat(1.6666665459e-1f);
+    p = p * r + splat(5.0000001201e-1f);
+    p = p * r * r + r + splat(1.0f);
+    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+    v8f scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+static inline float exp_neg1(float x) { return exp_neg(splat(x))[0]; }
+
+
+/* [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7] (x86's hadd) */
+static inline v8f pair_sums(v8f a, v8f b) {
+    return SHUFFLE(a, b, 0, 2, 8, 10, 4, 6, 12, 14) + SHUFFLE(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
+}
+
+/* lane j = the sum of the 8 lanes of a[j], always as ((0+1)+(2+3)) + ((4+5)+(6+7)) */
+static inline v8f lane_sums(const v8f a[8]) {
+    v8f u0 = pair_sums(pair_sums(a[0], a[1]), pair_sums(a[2], a[3]));
+    v8f u1 = pair_sums(pair_sums(a[4], a[5]), pair_sums(a[6], a[7]));
+    return SHUFFLE(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) + SHUFFLE(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+/* scores of the 8 keys k[0..7] (rows of dim floats) against qs: lane j = qs . k_j */
+static inline __attribute__((always_inline)) v8f dots8(const float *qs, const float *k, int64_t dim) {
+    v8f a[8];
+    memset(a, 0, sizeof a);
+    for (int64_t c = 0; c < dim; c += 8) {
+        v8f qc = load8(qs + c);
+        for (int j = 0; j < 8; j++) a[j] += qc * load8(k + j * dim + c);
+    }
+    return lane_sums(a);
+}
+
+/* One row over the keys [j0, j0 + n) of a block (the block's BLOCK_KEYS keys are all readable):
+ * updates the row's running max *m, sum of exp *l and sum of exp * v acc[dim]. */
+static inline __attribute__((always_inline)) void attend_block(const float *qs, const float *k, const float *v,
+                                                               int64_t j0, int n, int64_t dim,
+                                                               float *m, float *l, float *acc) {
+    float s[BLOCK_KEYS], e[BLOCK_KEYS];
+    for (int j = 0; j < BLOCK_KEYS; j += 8) store8(s + j, dots8(qs, k + (j0 + j) * dim, dim));
+    for (int j = n; j < BLOCK_KEYS; j++) s[j] = -FLT_MAX;  /* keys past the row's own: no weight */
+    v8f top = load8(s);
+    for (int j = 8; j < BLOCK_KEYS; j += 8) top = vmax(top, load8(s + j));
+    top = vmax(top, SHUFFLE(top, top, 4, 5, 6, 7, 0, 1, 2, 3));
+    top = vmax(top, SHUFFLE(top, top, 2, 3, 0, 1, 6, 7, 4, 5));
+    top = vmax(top, SHUFFLE(top, top, 1, 0, 3, 2, 5, 4, 7, 6));
+    const float block_max = top[0];
+    if (block_max > *m) {  /* rescale what was summed under the old max (skipped when it stays) */
+        float c = exp_neg1(*m - block_max);
+        *l *= c;
+        for (int64_t i = 0; i < dim; i += 8) store8(acc + i, load8(acc + i) * splat(c));
+        *m = block_max;
+    }
+    for (int j = 0; j < BLOCK_KEYS; j += 8) store8(e + j, exp_neg(load8(s + j) - splat(*m)));
+    for (int j = n; j < BLOCK_KEYS; j++) e[j] = 0.0f;
+    v8f esum = load8(e);
+    for (int j = 8; j < BLOCK_KEYS; j += 8) esum += load8(e + j);
+    *l += hsum8(esum);
+    v8f a[MAX_DIM / 8];
+    for (int64_t i = 0; i < dim / 8; i++) a[i] = load8(acc + 8 * i);
+    for (int j = 0; j < n; j++) {  /* each key's weight broadcast once, its value row added to every lane */
+        const v8f ej = splat(e[j]);
+        const float *vj = v + (j0 + j) * dim;
+        for (int64_t i = 0; i < dim / 8; i++) a[i] += ej * load8(vj + 8 * i);
+    }
+    for (int64_t i = 0; i < dim / 8; i++) store8(acc + 8 * i, a[i]);
+}
+
+static void attend_block_any(const float *qs, const float *k, const float *v, int64_t j0, int n,
+                             int64_t dim, float *m, float *l, float *acc) {
+    switch (dim) {  /* the usual head sizes with a constant dim: their loops unroll into registers */
+    case 64: attend_block(qs, k, v, j0, n, 64, m, l, acc); break;
+    case 128: attend_block(qs, k, v, j0, n, 128, m, l, acc); break;
+    default: attend_block(qs, k, v, j0, n, dim, m, l, acc); break;
+    }
+}
+
+int triforce_attention(const float *q, const float *keys, const float *values, int64_t cap,
+                       int64_t n_heads, int64_t n_kv, int64_t T, int64_t dim, int64_t total,
+                       float scale, float *out, int threads) {
+    if (dim % 8 || dim > MAX_DIM || n_heads % n_kv || total < T || total > cap || cap % BLOCK_KEYS) return -1;
+    const int64_t group = n_heads / n_kv, rows = group * T;
+    const int64_t n_seg = (total + SEGMENT - 1) / SEGMENT;
+    const int64_t state = dim + 2;  /* per row and segment: acc[dim], m, l */
+    float *parts = malloc(sizeof(float) * n_kv * n_seg * rows * state);
+    if (!parts) return -2;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t item = 0; item < n_kv * n_seg; item++) {
+        const int64_t h = item / n_seg, seg = item % n_seg;
+        const float *k = keys + h * cap * dim, *v = values + h * cap * dim;
+        const int64_t seg_start = seg * SEGMENT, last = total - 1;  /* the last row sees keys 0..last */
+        if (seg_start > last) continue;
+        const int64_t seg_stop = seg_start + SEGMENT < total ? seg_start + SEGMENT : total;
+        float *first = parts + (h * n_seg + seg) * rows * state;
+        for (int64_t r = 0; r < rows; r++) {  /* each row's scaled query, in its state's acc until the first block */
+            float *st = first + r * state;
+            st[dim] = -FLT_MAX;
+            st[dim + 1] = 0.0f;
+        }
+        float *qs = malloc(sizeof(float) * rows * dim);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *qr = q + ((h * group + r / T) * T + r % T) * dim;
+            for (int64_t i = 0; i < dim; i++) qs[r * dim + i] = qr[i] * scale;
+            memset(first + r * state, 0, sizeof(float) * dim);
+        }
+        /* blocks outer, rows inner: a block's keys and values are read from memory once for all rows */
+        for (int64_t j0 = seg_start; j0 < seg_stop; j0 += BLOCK_KEYS) {
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t pos = total - T + r % T;
+                if (j0 > pos) continue;  /* past this row's own position */
+                int64_t stop = seg_stop < pos + 1 ? seg_stop : pos + 1;
+                int n = stop - j0 < BLOCK_KEYS ? (int)(stop - j0) : BLOCK_KEYS;
+                float *st = first + r * state;
+                attend_block_any(qs + r * dim, k, v, j0, n, dim, st + dim, st + dim + 1, st);
+            }
+        }
+        free(qs);
+    }
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t hr = 0; hr < n_kv * rows; hr++) {
+        const int64_t h = hr / rows, r = hr % rows, g = r / T, t = r % T, pos = total - T + t;
+        const int64_t segs = pos / SEGMENT + 1;  /* the segments this row sees */
+        const float *first = parts + (h * n_seg * rows + r) * state;
+        float top = -FLT_MAX;
+        for (int64_t s = 0; s < segs; s++) {
+            float ms = first[s * rows * state + dim];
+            top = ms > top ? ms : top;
+        }
+        float acc[MAX_DIM], l = 0.0f;
+        memset(acc, 0, sizeof(float) * dim);
+        for (int64_t s = 0; s < segs; s++) {
+            const float *st = first + s * rows * state;
+            float c = exp_neg1(st[dim] - top);
+            l += c * st[dim + 1];
+            for (int64_t i = 0; i < dim; i += 8) store8(acc + i, load8(acc + i) + splat(c) * load8(st + i));
+        }
+        float *o = out + ((h * group + g) * T + t) * dim;
+        v8f inv = splat(1.0f / l);
+        for (int64_t i = 0; i < dim; i += 8) store8(o + i, load8(acc + i) * inv);
+    }
+    free(parts);
+    return 0;
+}

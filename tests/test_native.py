@@ -1,0 +1,151 @@
+"""The native CPU kernels (engine/native/kernels.c): built here, equal to the float32 oracle within
+float rounding, and row-invariant bit for bit: a token's row has the same bits whatever the number
+of rows in the call, which is what makes verification give the bits of plain decoding."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from engine import native
+from engine.kv.attention import causal_mask, gqa_attention
+from engine.kv.full import FullCache
+from engine.kv.rope import Rotary
+from engine.model.quant import DENSE_ABOVE, QuantWeight, dequantize_blocks
+
+pytestmark = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler")
+
+KINDS = ("Q4_0", "Q4_1", "Q8_0")
+
+
+def _blocks(kind: str, out: int, width: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return quants.quantize(rng.standard_normal((out, width)).astype(np.float32), GGMLQuantizationType[kind])
+
+
+def test_the_kernels_build_and_load_where_a_compiler_is():
+    assert native.available()
+    assert native.library().triforce_kernels_version() == native.VERSION
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("out,width", [(1, 32), (7, 96), (130, 576)])
+def test_block_matmul_is_the_oracle_within_float_rounding(kind, out, width):
+    """The file's blocks read as stored, times float32 activations: x @ dequantize(W).T up to the
+    order of a float32 sum (no bfloat16 rounding of x as in torch's int4 kernel)."""
+    blocks = _blocks(kind, out, width, seed=out)
+    oracle_w = dequantize_blocks(kind, blocks, width)
+    x = torch.randn(9, width, generator=torch.Generator().manual_seed(3))
+    got = native.block_matmul(kind, np.ascontiguousarray(blocks), x)
+    want = x @ oracle_w.T
+    assert got.shape == (9, out)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    # the tolerance has teeth: the high and low nibbles read the other way round fail it by far
+    if kind != "Q8_0":
+        start = 4 if kind == "Q4_1" else 2
+        raw = np.array(blocks).reshape(out, width // 32, -1)
+        raw[..., start:] = (raw[..., start:] << 4) | (raw[..., start:] >> 4)
+        wrong = native.block_matmul(kind, np.ascontiguousarray(raw.reshape(out, -1)), x)
+        assert (wrong - want).abs().max() > 100 * 1e-5 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_weight_row_has_the_same_bits_whatever_the_number_of_tokens(kind):
+    blocks = np.ascontiguousarray(_blocks(kind, 67, 128, seed=5))
+    x = torch.randn(DENSE_ABOVE, 128, generator=torch.Generator().manual_seed(4))
+    alone = torch.cat([native.block_matmul(kind, blocks, x[i:i + 1]) for i in range(DENSE_ABOVE)])
+    for size in (2, 3, 4, 5, 7, 8, 13, DENSE_ABOVE):
+        for start in (0, 1, DENSE_ABOVE - size):
+            got = native.block_matmul(kind, blocks, x[start:start + size])
+            assert torch.equal(got, alone[start:start + size]), f"{size} tokens from {start}"
+
+
+def _kv(n_kv: int, positions: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n_kv, positions, dim, generator=gen), torch.randn(n_kv, positions, dim, generator=gen)
+
+
+def _buffer(total: int) -> int:
+    return -(-total // 256) * 256
+
+
+@pytest.mark.parametrize("held,new", [(0, 1), (0, 5), (31, 2), (511, 3), (1000, 34), (2100, 9)])
+@pytest.mark.parametrize("heads,n_kv,dim", [(9, 3, 64), (4, 1, 128), (4, 4, 16), (8, 2, 40)])
+def test_attention_is_causal_gqa_attention_within_float_rounding(held, new, heads, n_kv, dim):
+    total = held + new
+    keys, values = _kv(n_kv, _buffer(total), dim, seed=held)
+    q = torch.randn(heads, new, dim, generator=torch.Generator().manual_seed(new))
+    got = native.attention(q, keys, values, total)
+    want = gqa_attention(q, keys[:, :total], values[:, :total], causal_mask(new, total, "cpu"))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("held", [0, 30, 31, 32, 500, 511, 512, 1500])  # block (32) and segment (512) edges
+@pytest.mark.parametrize("new", [2, 7, 34, 64])
+def test_a_verification_row_has_the_bits_of_a_one_token_step(held, new):
+    total = held + new
+    keys, values = _kv(3, _buffer(total), 64, seed=new)
+    q = torch.randn(9, new, 64, generator=torch.Generator().manual_seed(held))
+    together = native.attention(q, keys, values, total)
+    for i in range(new):
+        alone = native.attention(q[:, i:i + 1], keys, values, held + i + 1)
+        assert torch.equal(alone[:, 0], together[:, i]), f"row {i} of {new} after {held} held differs"
+
+
+def test_what_lies_past_the_held_keys_is_never_seen():
+    keys, values = _kv(2, 512, 16)
+    q = torch.randn(4, 3, 16)
+    before = native.attention(q, keys, values, 300)
+    keys[:, 300:], values[:, 300:] = 1e4, float("nan")
+    assert torch.equal(native.attention(q, keys, values, 300), before)
+
+
+def test_shapes_it_cannot_take_are_refused():
+    keys, values = _kv(1, 40, 8)  # 40 positions: not whole blocks of 32 keys
+    with pytest.raises(ValueError):
+        native.attention(torch.randn(2, 1, 8), keys, values, 20)
+    assert not native.attention_supports(64, 40) and not native.attention_supports(12, 64)
+    assert native.attention_supports(64, 256)
+
+
+def test_the_cpu_full_cache_decodes_and_verifies_through_the_native_kernel():
+    """FullCache on the CPU attends natively: k tokens verified in one forward give the bits of k
+    one-token steps, through RoPE and the cache's own buffers."""
+    from transformers import LlamaConfig
+
+    rope = Rotary(LlamaConfig(head_dim=64, hidden_size=576, num_attention_heads=9), 64, torch.device("cpu"), 1024)
+    gen = torch.Generator().manual_seed(7)
+    prefix, new = 300, 6
+    q, k, v = (torch.randn(h, prefix + new, 64, generator=gen) for h in (9, 3, 3))
+    outs = {}
+    for step in (new, 1):
+        cache = FullCache(1, 3, 64, capacity=prefix + new, dtype=torch.float32, device="cpu")
+        assert cache._native
+        cache.begin(torch.arange(prefix), rope)
+        cache.attend(0, q[:, :prefix], k[:, :prefix], v[:, :prefix])
+        cache.end()
+        rows = []
+        for start in range(prefix, prefix + new, step):
+            cache.begin(torch.arange(start, start + step), rope)
+            rows.append(cache.attend(0, q[:, start:start + step], k[:, start:start + step], v[:, start:start + step]))
+            cache.end()
+        outs[step] = torch.cat(rows, dim=1)
+    assert torch.equal(outs[1], outs[new])
+
+
+def test_turned_off_the_torch_paths_run_and_keep_their_own_target(monkeypatch):
+    """TRIFORCE_NATIVE=0: no native kernel; a GGUF weight falls back to torch's int4 kernel (bfloat16
+    activations, packed on first use), which is still row-invariant."""
+    monkeypatch.setenv("TRIFORCE_NATIVE", "0")
+    assert not native.available() and native.library() is None
+    weight = QuantWeight("Q4_1", _blocks("Q4_1", 64, 64), 64)
+    assert not weight.native and weight.packed_int4 is None
+    x = torch.randn(5, 64)
+    together = weight.matmul(x)
+    assert weight.packed_int4 is not None
+    assert torch.equal(weight.matmul(x[2:3]), together[2:3])
+    oracle = x @ weight.dequantize().T
+    assert (together - oracle).abs().max() > 1e-4 * oracle.abs().max()  # the bfloat16 target, not the oracle
