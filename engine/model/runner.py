@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from engine import native
 from engine.kv.base import KVCache
 from engine.kv.full import FullCache
 from engine.errors import ModelFormatError, UnsupportedModelError
@@ -158,6 +159,9 @@ class LlamaRunner:
         self.device = self.layer_devices[0]
         self.head_device = self.layer_devices[-1]
         self.rope = Rotary(config, arch.head_dim, self.device, max_positions or arch.max_context)
+        # norms and silu * up in one native call each (float32 on the CPU; torch ops elsewhere)
+        self.native_ops = dtype == torch.float32 and all(d.type == "cpu" for d in self.layer_devices) \
+            and native.available()
 
         def take(name: str, where: torch.device | None = None) -> torch.Tensor:
             return state_tensor(state, name).to(where or self.device, dtype)
@@ -237,24 +241,29 @@ class LlamaRunner:
         n_new = tokens.shape[0]
         q_size, kv_end = arch.n_heads * arch.head_dim, arch.n_heads + arch.n_kv_heads
         x = self.embed[tokens] if isinstance(self.embed, torch.Tensor) else self.embed.rows(tokens)  # [T, hidden]
+        norm = native.rms_norm if self.native_ops else rms_norm
         cache.begin(positions, self.rope)
         for index, layer in enumerate(self.layers):
             if x.device != self.layer_devices[index]:  # layer split: hand the hidden state to the next card
                 x = x.to(self.layer_devices[index])
-            h = rms_norm(x, layer.attn_norm, arch.rms_eps)
+            h = norm(x, layer.attn_norm, arch.rms_eps)
             heads = linear(h, layer.wqkv, bias=layer.bqkv).view(n_new, -1, arch.head_dim).transpose(0, 1)
             # [Hq + 2 Hkv, T, D]: views of q, k, v (the same strides as three separate views)
             attn = cache.attend(index, heads[:arch.n_heads], heads[arch.n_heads:kv_end], heads[kv_end:])  # [Hq, T, D]
             x = x + linear(attn.transpose(0, 1).reshape(n_new, q_size), layer.wo)
-            h = rms_norm(x, layer.mlp_norm, arch.rms_eps)
-            gate, up = linear(h, layer.w_gate_up, layer.gate_up_packed).chunk(2, dim=-1)  # [T, I] each
-            x = x + linear(F.silu(gate) * up, layer.w_down)
+            h = norm(x, layer.mlp_norm, arch.rms_eps)
+            gate_up = linear(h, layer.w_gate_up, layer.gate_up_packed)  # [T, 2I]: gate | up
+            if self.native_ops:
+                x = x + linear(native.silu_mul(gate_up), layer.w_down)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
+                x = x + linear(F.silu(gate) * up, layer.w_down)
         cache.end()
         if last_only:
             x = x[-1:]
         if x.device != self.head_device:
             x = x.to(self.head_device)
-        logits = self._vocab_projection(rms_norm(x, self.norm, arch.rms_eps)).float()  # [T, V]
+        logits = self._vocab_projection(norm(x, self.norm, arch.rms_eps)).float()  # [T, V]
         return logits if logits.device == self.device else logits.to(self.device)
 
 

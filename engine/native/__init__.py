@@ -29,7 +29,7 @@ import torch  # loads torch's libgomp first: the kernels then share its OpenMP r
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-VERSION = 1  # triforce_kernels_version() of the source this module speaks to
+VERSION = 3  # triforce_kernels_version() of the source this module speaks to
 KIND_CODES = {"Q4_0": 4, "Q4_1": 5, "Q8_0": 8}
 MAX_DIM = 256  # head sizes the attention kernel takes (a multiple of 8)
 BLOCK_KEYS = 32  # keys per block in kernels.c: the buffers it reads hold whole blocks
@@ -69,7 +69,7 @@ def _build(compiler: str, target: Path, flags: list[str]) -> bool:
     """Compile into a temporary file, then rename: another process never loads a half-written one."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    cmd = [compiler, *flags, "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)]
+    cmd = [compiler, *flags, "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-lm"]
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -89,6 +89,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.triforce_block_matmul.restype = None
     lib.triforce_attention.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, i32]
     lib.triforce_attention.restype = i32
+    lib.triforce_rms_norm.argtypes = [ptr, ptr, i64, i64, ctypes.c_float, ptr]
+    lib.triforce_rope.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr]
+    lib.triforce_silu_mul.argtypes = [ptr, i64, i64, ptr]
+    for name in ("triforce_rms_norm", "triforce_rope", "triforce_silu_mul"):
+        getattr(lib, name).restype = None
     return lib
 
 
@@ -118,15 +123,18 @@ def _load() -> ctypes.CDLL | None:
     return None
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or None (disabled, no compiler, or the build failed): built at most once
-    per process, in about a second."""
-    if not enabled():
-        return None
+def _kernels() -> ctypes.CDLL | None:
     with _lock:
         if not _loaded:
             _loaded.append(_load())
         return _loaded[0]
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (disabled, no compiler, or the build failed): built at most once
+    per process, in about a second. Callers decide with this (or available()) once per object; the
+    functions below run whatever was decided, even if TRIFORCE_NATIVE changes later."""
+    return _kernels() if enabled() else None
 
 
 def available() -> bool:
@@ -140,13 +148,13 @@ def attention_supports(head_dim: int, buffer_positions: int) -> bool:
 
 
 def _ptr(t: torch.Tensor) -> int:
-    return t.data_ptr()
+    return t.data_ptr()  # x.data_ptr() of a view is where its first element is (offset included)
 
 
 def block_matmul(kind: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
     """x [T, in] float32 @ W.T -> [T, out] float32, W the file's own GGUF blocks as stored: blocks
     [out, in / 32 * block bytes] uint8, C-contiguous (Q4_0, Q4_1 or Q8_0)."""
-    lib = library()
+    lib = _kernels()
     x = x.contiguous()
     n_tokens, width = x.shape
     y = torch.empty(n_tokens, blocks.shape[0], dtype=torch.float32)
@@ -158,7 +166,7 @@ def block_matmul(kind: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, total: int) -> torch.Tensor:
     """q [Hq, T, D] float32 (the last T of `total` positions), keys/values [Hkv, cap, D] float32
     contiguous buffers holding `total` positions -> [Hq, T, D]: causal GQA, row-invariant."""
-    lib = library()
+    lib = _kernels()
     q = q.contiguous()
     n_heads, n_tokens, dim = q.shape
     if not (keys.is_contiguous() and values.is_contiguous()):
@@ -168,4 +176,33 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, total: 
                                 n_tokens, dim, total, dim ** -0.5, _ptr(out), torch.get_num_threads())
     if rc:
         raise ValueError(f"native attention rejected q {tuple(q.shape)}, K/V {tuple(keys.shape)}, total {total} ({rc})")
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama RMSNorm of x [T, H] float32 with weight [H] float32, in one call."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    _kernels().triforce_rms_norm(_ptr(x), _ptr(weight), x.shape[0], x.shape[1], eps, _ptr(y))
+    return y
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """engine.kv.rope.rotate in one call: x [H, T, D] float32 (any strides with unit stride along D),
+    cos/sin [T, D] float32 -> [H, T, D] contiguous."""
+    n_heads, n_tokens, dim = x.shape
+    if x.stride(2) != 1:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(n_heads, n_tokens, dim, dtype=torch.float32)
+    _kernels().triforce_rope(_ptr(x), x.stride(0), x.stride(1), _ptr(cos), _ptr(sin), n_heads, n_tokens, dim, _ptr(out))
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up [T, 2I] float32 = [gate | up] -> [T, I], in one call."""
+    gate_up = gate_up.contiguous()
+    n_tokens, width = gate_up.shape
+    out = torch.empty(n_tokens, width // 2, dtype=torch.float32)
+    _kernels().triforce_silu_mul(_ptr(gate_up), n_tokens, width // 2, _ptr(out))
     return out

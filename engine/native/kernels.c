@@ -52,7 +52,7 @@ static inline v8f s8_to_f(const int8_t *p) {
 #endif
 static inline v8f vmax(v8f a, v8f b) { v8i gt = a > b; return (v8f)((gt & (v8i)a) | (~gt & (v8i)b)); }
 
-int triforce_kernels_version(void) { return 1; }
+int triforce_kernels_version(void) { return 3; }
 
 /* ------------------------------------------------------------------ weights: GGUF blocks
  * The weight is the file's own blocks, [out, nb] blocks of 32 weights of one row, read as stored:
@@ -90,16 +90,25 @@ static inline int block_bytes(int kind) { return kind == 8 ? 34 : kind == 5 ? 20
 typedef uint8_t v16u8 __attribute__((vector_size(16)));
 
 static inline void widen_q4(const uint8_t *nib, float d, float m, v8f w[4]) {
+    const v8f dv = splat(d), mv = splat(m);
+#ifdef __AVX2__  /* nibbles to floats in registers (through memory, GCC stalls on store forwarding) */
+    const __m128i b = _mm_loadu_si128((const __m128i *)nib), mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    w[0] = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)) * dv + mv;
+    w[1] = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))) * dv + mv;
+    w[2] = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)) * dv + mv;
+    w[3] = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))) * dv + mv;
+#else
     v16u8 b, lo, hi;
     memcpy(&b, nib, sizeof b);  /* elements 0-15 in the low nibbles, 16-31 in the high ones */
     lo = b & 0x0F;
     hi = b >> 4;
-    const v8f dv = splat(d), mv = splat(m);
     const uint8_t *l = (const uint8_t *)&lo, *h = (const uint8_t *)&hi;
     w[0] = u8_to_f(l) * dv + mv;
     w[1] = u8_to_f(l + 8) * dv + mv;
     w[2] = u8_to_f(h) * dv + mv;
     w[3] = u8_to_f(h + 8) * dv + mv;
+#endif
 }
 
 static inline void widen_q8(const int8_t *q, float d, v8f w[4]) {
@@ -334,4 +343,64 @@ int triforce_attention(const float *q, const float *keys, const float *values, i
     }
     free(parts);
     return 0;
+}
+
+/* ------------------------------------------------------------------ the small ops of a layer
+ * Each is one call where torch ran 3-10 ops (about 8 us each on this 2-core CPU, ~12 ms a forward
+ * of the bundled model). Per row, in a fixed order: row-invariant like the rest. One thread: a
+ * forward's rows are few and short, and waking the other thread costs more than it saves. */
+
+/* exp(x) for x in [-87, 88] (clamped), Cephes' polynomial */
+static inline v8f exp_any(v8f x) {
+    v8f c = splat(88.0f);
+    v8i gt = x > c;
+    x = (v8f)((gt & (v8i)c) | (~gt & (v8i)x));
+    return exp_neg(x);  /* its range reduction holds on [-87, 88]; it clamps only the low end */
+}
+
+/* y[t] = w * (x[t] / sqrt(mean(x[t]^2) + eps)), x and y [T, H] (y may be x) */
+void triforce_rms_norm(const float *x, const float *w, int64_t T, int64_t H, float eps, float *y) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *xr = x + t * H;
+        float *yr = y + t * H;
+        v8f acc = splat(0.0f);
+        int64_t i = 0;
+        for (; i + 8 <= H; i += 8) acc += load8(xr + i) * load8(xr + i);
+        float ss = hsum8(acc);
+        for (; i < H; i++) ss += xr[i] * xr[i];
+        const float inv = 1.0f / __builtin_sqrtf(ss / (float)H + eps);
+        for (i = 0; i + 8 <= H; i += 8) store8(yr + i, load8(w + i) * (load8(xr + i) * splat(inv)));
+        for (; i < H; i++) yr[i] = w[i] * (xr[i] * inv);
+    }
+}
+
+/* out[h, t] = x[h, t] * cos[t] + roll(x[h, t], D / 2) * sin[t] (Llama's half-split RoPE with the
+ * sign folded into sin, as engine/kv/rope.py lays them out); x element (h, t, i) at
+ * x + h * sh + t * st + i, cos/sin [T, D], out [H, T, D] contiguous. */
+void triforce_rope(const float *x, int64_t sh, int64_t st, const float *cos, const float *sin,
+                   int64_t H, int64_t T, int64_t D, float *out) {
+    const int64_t half = D / 2;
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t t = 0; t < T; t++) {
+            const float *xr = x + h * sh + t * st, *c = cos + t * D, *s = sin + t * D;
+            float *o = out + (h * T + t) * D;
+            for (int64_t i = 0; i < D; i++) o[i] = xr[i] * c[i] + xr[(i + half) % D] * s[i];
+        }
+}
+
+/* out[t] = silu(gu[t, :I]) * gu[t, I:], gu [T, 2I] */
+void triforce_silu_mul(const float *gu, int64_t T, int64_t I, float *out) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I;
+        float *o = out + t * I;
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8) {
+            v8f gv = load8(g + i);
+            store8(o + i, gv / (splat(1.0f) + exp_any(-gv)) * load8(u + i));
+        }
+        for (; i < I; i++) {
+            float gi = g[i];
+            o[i] = gi / (1.0f + exp_any(splat(-gi))[0]) * u[i];
+        }
+    }
 }
