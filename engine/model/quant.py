@@ -81,8 +81,9 @@ class QuantWeight:
         self.out_features, self.in_features = int(blocks.shape[0]), in_features
         self.blocks = blocks  # [out, nb * block bytes] uint8, possibly a read-only memory map
         self.native = native.available()  # fixed for the weight's life: one target per process
-        if self.native:
-            self.blocks = np.ascontiguousarray(blocks)  # what the kernel reads (no copy when already so)
+        self._native = native.BlockMatrix(kind, blocks) if self.native else None
+        if self._native is not None:
+            self.blocks = self._native.array  # what the kernel reads (no copy when already contiguous)
         self.doubled = kind == "Q8_0"  # the int4 kernel sees the input twice: [x, x]
         self._packed = (packed, scales_zeros) if packed is not None and scales_zeros is not None else None
         self.keep_dense = False  # set by widened_for_prefill: widen once, keep the copy until it ends
@@ -114,7 +115,7 @@ class QuantWeight:
                 self.dense = self.dequantize()
             return F.linear(x, self.dense)
         if self.native:
-            return native.block_matmul(self.kind, self.blocks, x.float())
+            return self._native.matmul(x.float())
         packed, scales_zeros = self._int4()
         xb = x.to(torch.bfloat16)
         if self.doubled:

@@ -29,7 +29,7 @@ import torch  # loads torch's libgomp first: the kernels then share its OpenMP r
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-VERSION = 3  # triforce_kernels_version() of the source this module speaks to
+VERSION = 4  # triforce_kernels_version() of the source this module speaks to
 KIND_CODES = {"Q4_0": 4, "Q4_1": 5, "Q8_0": 8}
 MAX_DIM = 256  # head sizes the attention kernel takes (a multiple of 8)
 BLOCK_KEYS = 32  # keys per block in kernels.c: the buffers it reads hold whole blocks
@@ -151,16 +151,32 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()  # x.data_ptr() of a view is where its first element is (offset included)
 
 
+class BlockMatrix:
+    """A weight kept as the file's own GGUF blocks for block_matmul: the array [out, in / 32 *
+    block bytes] uint8 (C-contiguous, held here so its memory stays put) and what a call needs,
+    looked up once (a numpy array's .ctypes costs ~3 us, a matmul call ~40)."""
+
+    __slots__ = ("array", "code", "pointer", "out")
+
+    def __init__(self, kind: str, blocks: np.ndarray) -> None:
+        self.array = np.ascontiguousarray(blocks)
+        self.code, self.pointer, self.out = KIND_CODES[kind], self.array.ctypes.data, self.array.shape[0]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] float32 @ W.T -> [T, out] float32."""
+        if not x.is_contiguous():
+            x = x.contiguous()
+        n_tokens, width = x.shape
+        y = torch.empty(n_tokens, self.out, dtype=torch.float32)
+        _kernels().triforce_block_matmul(self.code, self.pointer, self.out, width, x.data_ptr(), n_tokens,
+                                         y.data_ptr(), torch.get_num_threads())
+        return y
+
+
 def block_matmul(kind: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
     """x [T, in] float32 @ W.T -> [T, out] float32, W the file's own GGUF blocks as stored: blocks
-    [out, in / 32 * block bytes] uint8, C-contiguous (Q4_0, Q4_1 or Q8_0)."""
-    lib = _kernels()
-    x = x.contiguous()
-    n_tokens, width = x.shape
-    y = torch.empty(n_tokens, blocks.shape[0], dtype=torch.float32)
-    lib.triforce_block_matmul(KIND_CODES[kind], blocks.ctypes.data, blocks.shape[0], width, _ptr(x), n_tokens,
-                              _ptr(y), torch.get_num_threads())
-    return y
+    [out, in / 32 * block bytes] uint8 (Q4_0, Q4_1 or Q8_0). One-off calls; a model keeps BlockMatrix."""
+    return BlockMatrix(kind, blocks).matmul(x)
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, total: int) -> torch.Tensor:

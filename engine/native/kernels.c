@@ -52,7 +52,7 @@ static inline v8f s8_to_f(const int8_t *p) {
 #endif
 static inline v8f vmax(v8f a, v8f b) { v8i gt = a > b; return (v8f)((gt & (v8i)a) | (~gt & (v8i)b)); }
 
-int triforce_kernels_version(void) { return 3; }
+int triforce_kernels_version(void) { return 4; }
 
 /* ------------------------------------------------------------------ weights: GGUF blocks
  * The weight is the file's own blocks, [out, nb] blocks of 32 weights of one row, read as stored:
@@ -61,7 +61,7 @@ int triforce_kernels_version(void) { return 3; }
  * In a 4-bit block, byte j holds element j (low nibble) and element j + 16 (high nibble). The
  * weights are widened to float32 in registers (Q4_0's as d * q + (-8 d), which is exactly d * (q - 8))
  * and multiplied with float32 activations x [T, in]: y [T, out], in = 32 nb. Tokens are taken up to
- * 4 at a time, so a block is widened once per 4 tokens. */
+ * 8 at a time, so a block is widened once per 8 tokens. */
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
@@ -84,7 +84,7 @@ static inline float half_to_float(const uint8_t *p) {
 
 static inline int block_bytes(int kind) { return kind == 8 ? 34 : kind == 5 ? 20 : 18; }
 
-#define TOKENS_PER_PASS 4
+#define TOKENS_PER_PASS 8
 #define ROWS_PER_PASS 2
 
 typedef uint8_t v16u8 __attribute__((vector_size(16)));
@@ -158,7 +158,7 @@ void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t
         for (int64_t t0 = 0; t0 < T; t0 += TOKENS_PER_PASS) {
             const int nt = T - t0 < TOKENS_PER_PASS ? (int)(T - t0) : TOKENS_PER_PASS;
             /* constant counts keep the accumulators in registers: two rows at a time for one or two
-             * tokens (enough independent sums to hide the FMA latency), one row for three or four */
+             * tokens (enough independent sums to hide the FMA latency), one row for three to eight */
             switch (nt) {
             case 1: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 1, y, out, o, 2);
                     else tile(kind, blocks, nb, x, in, t0, 1, y, out, o, 1);
@@ -166,10 +166,14 @@ void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t
             case 2: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 2, y, out, o, 2);
                     else tile(kind, blocks, nb, x, in, t0, 2, y, out, o, 1);
                     break;
-            case 3: for (int r = 0; r < nr; r++) tile(kind, blocks, nb, x, in, t0, 3, y, out, o + r, 1);
-                    break;
-            default: for (int r = 0; r < nr; r++) tile(kind, blocks, nb, x, in, t0, 4, y, out, o + r, 1);
-                    break;
+#define ROW_BY_ROW(NT) for (int r = 0; r < nr; r++) tile(kind, blocks, nb, x, in, t0, NT, y, out, o + r, 1)
+            case 3: ROW_BY_ROW(3); break;
+            case 4: ROW_BY_ROW(4); break;
+            case 5: ROW_BY_ROW(5); break;
+            case 6: ROW_BY_ROW(6); break;
+            case 7: ROW_BY_ROW(7); break;
+            default: ROW_BY_ROW(8); break;
+#undef ROW_BY_ROW
             }
         }
     }
