@@ -149,3 +149,36 @@ def test_turned_off_the_torch_paths_run_and_keep_their_own_target(monkeypatch):
     assert torch.equal(weight.matmul(x[2:3]), together[2:3])
     oracle = x @ weight.dequantize().T
     assert (together - oracle).abs().max() > 1e-4 * oracle.abs().max()  # the bfloat16 target, not the oracle
+
+
+@pytest.mark.parametrize("held,new", [(0, 1), (300, 6), (1500, 34)])
+def test_float16_kv_is_read_as_its_float32_widening(held, new):
+    """K/V stored in float16 (the CPU target's cache): the kernel widens each value exactly, so it
+    computes what it computes on the float32 widening of the same buffers, bit for bit."""
+    total = held + new
+    keys, values = _kv(3, _buffer(total), 64, seed=held)
+    keys16, values16 = keys.half(), values.half()
+    q = torch.randn(9, new, 64, generator=torch.Generator().manual_seed(new))
+    got = native.attention(q, keys16, values16, total)
+    assert torch.equal(got, native.attention(q, keys16.float(), values16.float(), total))
+    for i in (0, new - 1):
+        alone = native.attention(q[:, i:i + 1], keys16, values16, held + i + 1)
+        assert torch.equal(alone[:, 0], got[:, i])
+
+
+def test_the_runners_cpu_cache_stores_float16_and_prefills_from_it():
+    cache = FullCache(2, 3, 64, capacity=300, dtype=torch.float32, device="cpu", kv_dtype=torch.float16)
+    assert cache.kv_dtype == torch.float16 and cache.keys[0].dtype == torch.float16
+    assert cache.bytes_per_token() == 2 * 2 * 3 * 64 * 2
+    from transformers import LlamaConfig
+
+    rope = Rotary(LlamaConfig(head_dim=64, hidden_size=576, num_attention_heads=9), 64, torch.device("cpu"), 512)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(h, 100, 64, generator=gen) for h in (9, 3, 3))
+    cache.begin(torch.arange(100), rope)  # a prefill chunk (over MAX_ROWS): SDPA over the widened K/V
+    out = cache.attend(0, q, k, v)
+    cache.end()
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    torch.testing.assert_close(cache.values[0][:, :100].float(), v, rtol=1e-3, atol=1e-3)
+    plain = FullCache(2, 3, 64, capacity=300, dtype=torch.float32, device="cpu", exact=False, kv_dtype=torch.float16)
+    assert plain.kv_dtype == torch.float32  # only where the native kernel reads it

@@ -357,6 +357,9 @@ class ChatSession:
     def _snapshot_key(self) -> str:
         folder = self.target.folder
         key = f"{self.target.model_id}:{getattr(folder, 'weights_hash', '')}:{self.full.dtype}"
+        kv_dtype = getattr(self.full, "kv_dtype", self.full.dtype)
+        if kv_dtype != self.full.dtype:  # stored narrower: other K/V bits
+            key += f":kv-{str(kv_dtype).removeprefix('torch.')}"
         if getattr(self.full, "prefill_dtype", None) is not None:  # other prefill arithmetic, other K/V
             key += f":prefill-{str(self.full.prefill_dtype).removeprefix('torch.')}"
         # tensor parallel sums split matmuls in another order: its K/V differ from one card's by rounding;

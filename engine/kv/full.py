@@ -25,8 +25,13 @@ class FullCache(KVCache):
 
     `prefill_dtype` (the CPU target on the file's blocks: bfloat16): longer forwards, the prefill
     chunks, attend in that dtype (SDPA; 2.1x faster than float32 over 8K keys, on 2 AVX-512 cores
-    with bf16 units), the stored K/V and every decoding step staying float32. Prefill chunks are
-    aligned the same way whatever the cache held, so a prompt's bits stay one function of it.
+    with bf16 units), every decoding step staying float32. Prefill chunks are aligned the same way
+    whatever the cache held, so a prompt's bits stay one function of it.
+
+    `kv_dtype` (the CPU runner with native kernels: float16): K/V are stored in that dtype, half
+    the bytes a decoding step reads at long contexts; the native kernel widens them to float32 as it
+    reads, so plain decoding and every verification see the same stored values (part of the
+    target's definition; snapshots are keyed by it).
     """
 
     name = "full"
@@ -36,19 +41,21 @@ class FullCache(KVCache):
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype, device: torch.device | str, exact: bool | None = None,
-                 prefill_dtype: torch.dtype | None = None) -> None:
+                 prefill_dtype: torch.dtype | None = None, kv_dtype: torch.dtype | None = None) -> None:
         """exact: attend through the batch-invariant kernel (default: on the CPU; caches that stand
-        in for a card's, as tensor-parallel shards, pass False and attend as the card would)."""
+        in for a card's, as tensor-parallel shards, pass False and attend as the card would).
+        kv_dtype: storage of K/V where the native kernel attends (else `dtype` is kept)."""
         super().__init__(capacity, dtype, torch.device(device))
         self.prefill_dtype = prefill_dtype if prefill_dtype != dtype else None
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.exact = self.device.type == "cpu" if exact is None else exact
         shape = (n_kv_heads, padded_length(capacity) if self.exact else capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
+        self._native = self.exact and dtype == torch.float32 and native.attention_supports(head_dim, shape[1])
+        self.kv_dtype = kv_dtype if self._native and kv_dtype in native.KV_DTYPES else dtype
+        self.keys = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(n_layers)]
         self.capture_query = False
         self.last_query: list[torch.Tensor | None] = [None] * n_layers
-        self._native = self.exact and dtype == torch.float32 and native.attention_supports(head_dim, shape[1])
 
     def _prepare(self, positions: torch.Tensor, rope: Rotary) -> None:
         self._cos, self._sin = rope.cos_sin(positions, self.dtype)
@@ -74,6 +81,8 @@ class FullCache(KVCache):
         if self.prefill_dtype is not None:  # [Hq, T, D] back in the model's dtype
             low = self.prefill_dtype
             return gqa_attention(q.to(low), keys.to(low), values.to(low), self._mask).to(q.dtype)
+        if self.kv_dtype != q.dtype:  # stored narrower: attend in the model's dtype
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
         return gqa_attention(q, keys, values, self._mask)
 
     def end(self) -> None:
@@ -95,5 +104,5 @@ class FullCache(KVCache):
     def load_prefix(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Write a stored prefix [Hkv, n, D] into layer `layer` (snapshot restore)."""
         n = keys.shape[1]
-        self.keys[layer][:, :n] = keys.to(self.device, self.dtype)
-        self.values[layer][:, :n] = values.to(self.device, self.dtype)
+        self.keys[layer][:, :n] = keys.to(self.device, self.kv_dtype)
+        self.values[layer][:, :n] = values.to(self.device, self.kv_dtype)

@@ -162,6 +162,8 @@ class LlamaRunner:
         # norms and silu * up in one native call each (float32 on the CPU; torch ops elsewhere)
         self.native_ops = dtype == torch.float32 and all(d.type == "cpu" for d in self.layer_devices) \
             and native.available()
+        # K/V in float16 where the native kernel attends: half the bytes a step reads at 8K
+        self.kv_dtype = torch.float16 if self.native_ops else dtype
 
         def take(name: str, where: torch.device | None = None) -> torch.Tensor:
             return state_tensor(state, name).to(where or self.device, dtype)
@@ -201,7 +203,7 @@ class LlamaRunner:
         a = self.arch
         if not offloaded and not options and all(d == self.device for d in self.layer_devices):
             return FullCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.dtype, self.device,
-                             prefill_dtype=self.prefill_dtype)
+                             prefill_dtype=self.prefill_dtype, kv_dtype=self.kv_dtype)
         from engine.kv.offload import OffloadedCache
 
         return OffloadedCache(a.n_layers, a.n_kv_heads, a.head_dim, capacity, self.dtype, self.device, offloaded,

@@ -29,7 +29,7 @@ import torch  # loads torch's libgomp first: the kernels then share its OpenMP r
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-VERSION = 4  # triforce_kernels_version() of the source this module speaks to
+VERSION = 5  # triforce_kernels_version() of the source this module speaks to
 KIND_CODES = {"Q4_0": 4, "Q4_1": 5, "Q8_0": 8}
 MAX_DIM = 256  # head sizes the attention kernel takes (a multiple of 8)
 BLOCK_KEYS = 32  # keys per block in kernels.c: the buffers it reads hold whole blocks
@@ -87,7 +87,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.triforce_block_matmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
     lib.triforce_block_matmul.restype = None
-    lib.triforce_attention.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, i32]
+    lib.triforce_attention.argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, i32]
     lib.triforce_attention.restype = i32
     lib.triforce_rms_norm.argtypes = [ptr, ptr, i64, i64, ctypes.c_float, ptr]
     lib.triforce_rope.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr]
@@ -143,7 +143,7 @@ def available() -> bool:
 
 
 def attention_supports(head_dim: int, buffer_positions: int) -> bool:
-    """Whether attention() takes float32 buffers of this head size and length (and runs here)."""
+    """Whether attention() takes buffers of this head size and length (and runs here)."""
     return head_dim % 8 == 0 and head_dim <= MAX_DIM and buffer_positions % BLOCK_KEYS == 0 and available()
 
 
@@ -179,16 +179,22 @@ def block_matmul(kind: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor
     return BlockMatrix(kind, blocks).matmul(x)
 
 
+KV_DTYPES = (torch.float32, torch.float16)  # what attention() reads
+
+
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, total: int) -> torch.Tensor:
-    """q [Hq, T, D] float32 (the last T of `total` positions), keys/values [Hkv, cap, D] float32
-    contiguous buffers holding `total` positions -> [Hq, T, D]: causal GQA, row-invariant."""
+    """q [Hq, T, D] float32 (the last T of `total` positions), keys/values [Hkv, cap, D] float32 or
+    float16 contiguous buffers holding `total` positions -> [Hq, T, D] float32: causal GQA,
+    row-invariant (float16 K/V are widened to float32 in the kernel)."""
     lib = _kernels()
     q = q.contiguous()
     n_heads, n_tokens, dim = q.shape
-    if not (keys.is_contiguous() and values.is_contiguous()):
-        raise ValueError("native attention reads contiguous [Hkv, cap, D] buffers")
+    if not (keys.is_contiguous() and values.is_contiguous()) or keys.dtype not in KV_DTYPES \
+            or values.dtype != keys.dtype:
+        raise ValueError("native attention reads contiguous [Hkv, cap, D] float32 or float16 buffers")
     out = torch.empty_like(q)
-    rc = lib.triforce_attention(_ptr(q), _ptr(keys), _ptr(values), keys.shape[1], n_heads, keys.shape[0],
+    half = int(keys.dtype == torch.float16)
+    rc = lib.triforce_attention(_ptr(q), _ptr(keys), _ptr(values), half, keys.shape[1], n_heads, keys.shape[0],
                                 n_tokens, dim, total, dim ** -0.5, _ptr(out), torch.get_num_threads())
     if rc:
         raise ValueError(f"native attention rejected q {tuple(q.shape)}, K/V {tuple(keys.shape)}, total {total} ({rc})")

@@ -52,7 +52,7 @@ static inline v8f s8_to_f(const int8_t *p) {
 #endif
 static inline v8f vmax(v8f a, v8f b) { v8i gt = a > b; return (v8f)((gt & (v8i)a) | (~gt & (v8i)b)); }
 
-int triforce_kernels_version(void) { return 4; }
+int triforce_kernels_version(void) { return 5; }
 
 /* ------------------------------------------------------------------ weights: GGUF blocks
  * The weight is the file's own blocks, [out, nb] blocks of 32 weights of one row, read as stored:
@@ -238,13 +238,13 @@ static inline __attribute__((always_inline)) v8f dots8(const float *qs, const fl
     return lane_sums(a);
 }
 
-/* One row over the keys [j0, j0 + n) of a block (the block's BLOCK_KEYS keys are all readable):
+/* One row over the first n keys of a block, kb/vb its BLOCK_KEYS keys and values (all readable):
  * updates the row's running max *m, sum of exp *l and sum of exp * v acc[dim]. */
-static inline __attribute__((always_inline)) void attend_block(const float *qs, const float *k, const float *v,
-                                                               int64_t j0, int n, int64_t dim,
+static inline __attribute__((always_inline)) void attend_block(const float *qs, const float *kb, const float *vb,
+                                                               int n, int64_t dim,
                                                                float *m, float *l, float *acc) {
     float s[BLOCK_KEYS], e[BLOCK_KEYS];
-    for (int j = 0; j < BLOCK_KEYS; j += 8) store8(s + j, dots8(qs, k + (j0 + j) * dim, dim));
+    for (int j = 0; j < BLOCK_KEYS; j += 8) store8(s + j, dots8(qs, kb + j * dim, dim));
     for (int j = n; j < BLOCK_KEYS; j++) s[j] = -FLT_MAX;  /* keys past the row's own: no weight */
     v8f top = load8(s);
     for (int j = 8; j < BLOCK_KEYS; j += 8) top = vmax(top, load8(s + j));
@@ -267,22 +267,34 @@ static inline __attribute__((always_inline)) void attend_block(const float *qs, 
     for (int64_t i = 0; i < dim / 8; i++) a[i] = load8(acc + 8 * i);
     for (int j = 0; j < n; j++) {  /* each key's weight broadcast once, its value row added to every lane */
         const v8f ej = splat(e[j]);
-        const float *vj = v + (j0 + j) * dim;
+        const float *vj = vb + j * dim;
         for (int64_t i = 0; i < dim / 8; i++) a[i] += ej * load8(vj + 8 * i);
     }
     for (int64_t i = 0; i < dim / 8; i++) store8(acc + 8 * i, a[i]);
 }
 
-static void attend_block_any(const float *qs, const float *k, const float *v, int64_t j0, int n,
+static void attend_block_any(const float *qs, const float *kb, const float *vb, int n,
                              int64_t dim, float *m, float *l, float *acc) {
     switch (dim) {  /* the usual head sizes with a constant dim: their loops unroll into registers */
-    case 64: attend_block(qs, k, v, j0, n, 64, m, l, acc); break;
-    case 128: attend_block(qs, k, v, j0, n, 128, m, l, acc); break;
-    default: attend_block(qs, k, v, j0, n, dim, m, l, acc); break;
+    case 64: attend_block(qs, kb, vb, n, 64, m, l, acc); break;
+    case 128: attend_block(qs, kb, vb, n, 128, m, l, acc); break;
+    default: attend_block(qs, kb, vb, n, dim, m, l, acc); break;
     }
 }
 
-int triforce_attention(const float *q, const float *keys, const float *values, int64_t cap,
+/* count float16 values at p -> float32 at out (count a multiple of 8) */
+static void widen_halves(const uint16_t *p, int64_t count, float *out) {
+#ifdef __F16C__
+    for (int64_t i = 0; i < count; i += 8)
+        store8(out + i, (v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + i))));
+#else
+    for (int64_t i = 0; i < count; i++) out[i] = half_to_float((const uint8_t *)(p + i));
+#endif
+}
+
+/* keys/values hold float32, or float16 when `half` (widened block by block into the thread's own
+ * buffers, once for all rows: the cache's bytes halve, the arithmetic stays float32). */
+int triforce_attention(const float *q, const void *keys, const void *values, int half, int64_t cap,
                        int64_t n_heads, int64_t n_kv, int64_t T, int64_t dim, int64_t total,
                        float scale, float *out, int threads) {
     if (dim % 8 || dim > MAX_DIM || n_heads % n_kv || total < T || total > cap || cap % BLOCK_KEYS) return -1;
@@ -294,12 +306,14 @@ int triforce_attention(const float *q, const float *keys, const float *values, i
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t item = 0; item < n_kv * n_seg; item++) {
         const int64_t h = item / n_seg, seg = item % n_seg;
-        const float *k = keys + h * cap * dim, *v = values + h * cap * dim;
+        const int64_t head = h * cap * dim, esize = half ? 2 : 4;
+        const char *k = (const char *)keys + head * esize, *v = (const char *)values + head * esize;
+        float kbuf[BLOCK_KEYS * MAX_DIM], vbuf[BLOCK_KEYS * MAX_DIM];
         const int64_t seg_start = seg * SEGMENT, last = total - 1;  /* the last row sees keys 0..last */
         if (seg_start > last) continue;
         const int64_t seg_stop = seg_start + SEGMENT < total ? seg_start + SEGMENT : total;
         float *first = parts + (h * n_seg + seg) * rows * state;
-        for (int64_t r = 0; r < rows; r++) {  /* each row's scaled query, in its state's acc until the first block */
+        for (int64_t r = 0; r < rows; r++) {  /* no key seen yet */
             float *st = first + r * state;
             st[dim] = -FLT_MAX;
             st[dim + 1] = 0.0f;
@@ -312,13 +326,20 @@ int triforce_attention(const float *q, const float *keys, const float *values, i
         }
         /* blocks outer, rows inner: a block's keys and values are read from memory once for all rows */
         for (int64_t j0 = seg_start; j0 < seg_stop; j0 += BLOCK_KEYS) {
+            const float *kb = (const float *)(k + j0 * dim * esize), *vb = (const float *)(v + j0 * dim * esize);
+            if (half) {
+                widen_halves((const uint16_t *)(k + j0 * dim * esize), BLOCK_KEYS * dim, kbuf);
+                widen_halves((const uint16_t *)(v + j0 * dim * esize), BLOCK_KEYS * dim, vbuf);
+                kb = kbuf;
+                vb = vbuf;
+            }
             for (int64_t r = 0; r < rows; r++) {
                 const int64_t pos = total - T + r % T;
                 if (j0 > pos) continue;  /* past this row's own position */
                 int64_t stop = seg_stop < pos + 1 ? seg_stop : pos + 1;
                 int n = stop - j0 < BLOCK_KEYS ? (int)(stop - j0) : BLOCK_KEYS;
                 float *st = first + r * state;
-                attend_block_any(qs + r * dim, k, v, j0, n, dim, st + dim, st + dim + 1, st);
+                attend_block_any(qs + r * dim, kb, vb, n, dim, st + dim, st + dim + 1, st);
             }
         }
         free(qs);
