@@ -31,6 +31,7 @@ SHAPE = dict(num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4, 
 
 def _runners(folder, cards: int) -> tuple[LlamaRunner, TensorParallelRunner]:
     one = load_folder(folder).runner
+    one.kv_dtype = torch.float32  # one card keeps K/V in its dtype (float16 is the CPU target's storage)
     state = read_safetensors(folder)
     return one, TensorParallelRunner(one.config, state, ["cpu"] * cards, torch.float32)
 
@@ -228,6 +229,7 @@ def test_tensor_parallel_snapshots_are_kept_apart_from_one_card_ones(tp_model, t
     """Split matmuls round differently, so a book prefilled on one card is not restored into a
     tensor-parallel session (nor the reverse): the snapshot key says how the K/V was computed."""
     one = load_folder(tiny_model_dir("llama", **SHAPE))
+    one.runner.kv_dtype = torch.float32  # as a card stores K/V (the CPU's float16 has its own key part)
     key_one = ChatSession(one, DecodeSettings(), capacity=8192)._snapshot_key()
     key_tp = ChatSession(tp_model, DecodeSettings(), capacity=8192)._snapshot_key()
     assert key_tp == key_one + ":tp2"

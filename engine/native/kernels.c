@@ -402,8 +402,17 @@ void triforce_rms_norm(const float *x, const float *w, int64_t T, int64_t H, flo
 /* out[h, t] = x[h, t] * cos[t] + roll(x[h, t], D / 2) * sin[t] (Llama's half-split RoPE with the
  * sign folded into sin, as engine/kv/rope.py lays them out); x element (h, t, i) at
  * x + h * sh + t * st + i, cos/sin [T, D], out [H, T, D] contiguous. */
-void triforce_rope(const float *x, int64_t sh, int64_t st, const float *cos, const float *sin,
-                   int64_t H, int64_t T, int64_t D, float *out) {
+#if defined(__clang__)
+#define NO_FMA_CONTRACTION
+#else
+#define NO_FMA_CONTRACTION __attribute__((optimize("fp-contract=off")))
+#endif
+/* Two products and a sum, each rounded, as torch computes rotate(): the same bits (no FMA). */
+NO_FMA_CONTRACTION void triforce_rope(const float *x, int64_t sh, int64_t st, const float *cos, const float *sin,
+                                      int64_t H, int64_t T, int64_t D, float *out) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
     const int64_t half = D / 2;
     for (int64_t h = 0; h < H; h++)
         for (int64_t t = 0; t < T; t++) {
