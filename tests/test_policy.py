@@ -415,27 +415,3 @@ def test_setting_up_the_retrieval_cache_is_not_charged_to_the_cycle_that_needed_
     answer_tokens(session, [ChatMessage("user", "Repeat the first line of the play.")], doc)
     assert decoder.rebuilds >= 1 and Mode.RETRIEVAL_ONLY in [m for m, _ in walls]
     assert max(seconds for _, seconds in walls) < 0.3, walls
-
-
-def test_an_untimed_l1_is_priced_by_the_bytes_each_level_reads(tiny, sample_text):
-    """Before L1 is timed, its forward is priced at the decoder's l1_share of L2's: the weights both
-    levels read plus the KV each holds. Where the weights dominate (short contexts) that keeps auto
-    off structures that cannot pay; where the KV does, L1 looks as cheap as it is."""
-    session = ChatSession(tiny, DecodeSettings(mode="auto", budget=64, chunk=16, max_new_tokens=4),
-                          draft="ngram", capacity=2048)
-    answer_tokens(session, [ChatMessage("user", "Who is Horatio?")], [DocumentText("Hamlet", sample_text[:3000])])
-    dec = session.decoder
-    weights, per_token, held = tiny.runner.nbytes(), dec.full.bytes_per_token(), dec.full.length
-    l1_keys = min(held, dec.budget() + dec.settings.retrieval_headroom())
-    assert held > l1_keys
-    assert dec.l1_share() == pytest.approx((weights + per_token * l1_keys) / (weights + per_token * held))
-    p = Policy()
-    p.costs.record("l2", 1, 0.040)
-    p.costs.record("l2", 3, 0.050)
-    for share in (0.3, 0.9):
-        p.l1_share = share
-        p._memo.clear()
-        assert p._c("l1", 1) == pytest.approx(share * 0.040)
-    p.costs.record("l1", 1, 0.020)  # once timed, its own cost
-    p._memo.clear()
-    assert p._c("l1", 1) == pytest.approx(0.020)

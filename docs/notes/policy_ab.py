@@ -9,10 +9,8 @@ table and its mode's wall/model ratio, never re-timed beside a speculative struc
 of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-min` (re-timed, priced at the lower of the two), `auto-ratio` (the previous cost model and no
 shadow lookups, with the per-structure wall/model ratio) and `auto-old` (the policy before
 2026-11-30 evening: a least-squares line through the measured step costs, gammas not bounded by
-the sizes timed, one wall/model ratio per mode, no shadow lookups), `auto-prior06` (an untimed L1
-priced at 0.6 of L2, not from the bytes each level reads: the policy before 2026-12-02). Each auto
-variant keeps its own Policy object across repeats, as one user's session would; they share the
-prefilled session.
+the sizes timed, one wall/model ratio per mode, no shadow lookups). Each auto variant keeps its
+own Policy object across repeats, as one user's session would; they share the prefilled session.
 Prints per cell each method's median ms/token, its runs, whether its tokens equal ar's, the
 structure each auto answer ran, and each auto variant's final predictions.
 """
@@ -99,14 +97,6 @@ class LowerPricePolicy(P.Policy):
             self._ar_walls = walls
 
 
-class FixedPriorPolicy(P.Policy):
-    """An untimed L1 priced at PRIOR_L1_SHARE of L2 whatever the bytes each level reads (before
-    2026-12-02; the decoder's l1_share is ignored)."""
-
-    def __setattr__(self, name, value):
-        super().__setattr__(name, P.PRIOR_L1_SHARE if name == "l1_share" else value)
-
-
 class OldPolicy(RatioPolicy):
     """...and one wall/model ratio per mode."""
 
@@ -127,14 +117,14 @@ def main() -> None:
             prompt = build_prompt(model, sample_text(), context, workload)
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + new_tokens + 64)
             policies = {"auto": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-old": OldPolicy(costs=LineCosts()),
-                        "auto-ratio": RatioPolicy(costs=LineCosts()), "auto-prior06": FixedPriorPolicy()}
+                        "auto-ratio": RatioPolicy(costs=LineCosts())}
             shadow = session.decoder._shadow_l0
             runs, tokens, structures = collections.defaultdict(list), {}, collections.defaultdict(list)
             for _ in range(repeats):
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4", "auto-rt", "auto-min", "auto-prior06") else (lambda *a: None)
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4", "auto-rt", "auto-min") else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))
                     runs[method].append(ms)

@@ -47,8 +47,7 @@ SPECULATION_GAIN = 0.9
 MAX_GAMMA1 = 8
 MAX_GAMMA2 = 12  # gamma1 + gamma2 + 2 stays inside the retrieval cache's minimum headroom (128 / 2)
 GROW = 2  # a forward may check at most 2 tokens more than the largest one timed at its level
-PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's, unless the
-# decoder says better (HierarchicalDecoder.l1_share: the bytes each level reads)
+PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cycle ...
 REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
@@ -103,7 +102,6 @@ class Policy:
     _realized: dict = field(default_factory=dict, repr=False)  # mode -> (wall s, predicted s), decayed
     _realized_by: dict = field(default_factory=dict, repr=False)  # structure -> (wall s, predicted s, last cycle's)
     forced: list[Structure] | None = None  # tests: a script of structures to run, one per cycle
-    l1_share: float = PRIOR_L1_SHARE  # an untimed L1 forward's cost over L2's (set by the decoder)
     _memo: dict = field(default_factory=dict, repr=False)  # inputs of the current choice
     _settled: bool = False  # the last scoring chose without exploring
     _since_score: int = 0  # cycles since the last scoring
@@ -231,7 +229,7 @@ class Policy:
         got = self.costs.estimate(level, tokens)
         if got is None and level == "l1":
             l2 = self.costs.estimate("l2", tokens)
-            return None if l2 is None else self.l1_share * l2
+            return None if l2 is None else PRIOR_L1_SHARE * l2
         if got is None and level == "l0":
             return 0.0  # a drafter never timed costs nothing visible yet (n-gram lookups)
         return got

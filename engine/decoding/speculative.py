@@ -83,7 +83,6 @@ class HierarchicalDecoder:
         self._budget: int | None = None  # the policy's retrieval budget (None: the settings')
         self.l1_verify = verify  # the acceptance rule at L1 (tests swap in a known-buggy variant)
         self.answer_start: int | None = None  # seq[answer_start:] is the answer (the repetition penalty counts it)
-        self._weight_bytes = runner.nbytes()  # what every forward at L1 and L2 reads (the L1 cost prior)
 
     # --- retrieval cache management ------------------------------------------------------------
     def budget(self) -> int:
@@ -155,18 +154,8 @@ class HierarchicalDecoder:
         l1 = RetrievalDrafter(self.runner, self._ensure_retrieval, inner, st.gamma1, self, self.l1_verify)
         return l1, st.gamma2, "l1_l2"
 
-    def l1_share(self) -> float:
-        """Bytes an L1 forward reads over an L2 forward's: both read every weight, L1 only the KV
-        of its budget (and headroom), L2 the whole cache. The policy's prior for an L1 it has not
-        timed: at 1-2K an L1 forward saves next to nothing (0.8 of L2 for the bundled model), at
-        8K about half."""
-        per_token, held = self.full.bytes_per_token(), self.full.length
-        l1_keys = min(held, self.budget() + self._headroom())
-        return (self._weight_bytes + per_token * l1_keys) / max(1, self._weight_bytes + per_token * held)
-
     def _choose(self, seq: list[int]) -> Structure:
         has_l0 = not isinstance(self.drafter, NoDrafter)
-        self.policy.l1_share = self.l1_share()
         st = self.policy.choose(self.settings, has_l0, len(seq))
         if len(seq) + st.speculation_tokens() > self.full.capacity:  # the last tokens of a full cache
             st = Structure(Mode.AR)
