@@ -52,9 +52,12 @@ def _chat_until_output(model: Path, doc: Path, wait_for: str) -> tuple[subproces
     """Start `chat --progress` and return once stdout (answer) or stderr (prefill) shows something."""
     argv = [sys.executable, str(REPO / "main.py"), "chat", "--model", str(model), "--device", "cpu", "--doc", str(doc),
             "--ask", "What happens?", "--max-new-tokens", "2000", "--progress", "--mode", "ar"]
-    # 2000 tokens: with the native kernels the tiny model wrote 400 before a busy parent could
-    # send its signal (exit 0 instead of 130, twice in one full run beside a benchmark)
-    proc = subprocess.Popen(argv, cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # 2000 tokens: room enough for the signal to arrive mid-answer with the faster native kernels
+    # a shell's background job starts with SIGINT ignored, and so would the child: give it back the
+    # default, as a terminal's foreground process has it (else Ctrl+C never reaches the CLI)
+    restore = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if os.name == "posix" else None
+    proc = subprocess.Popen(argv, cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=restore)
     stream = proc.stdout if wait_for == "answer" else proc.stderr
     seen = b""
     deadline = time.monotonic() + 300
