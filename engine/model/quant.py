@@ -80,8 +80,8 @@ class QuantWeight:
         self.kind = kind
         self.out_features, self.in_features = int(blocks.shape[0]), in_features
         self.blocks = blocks  # [out, nb * block bytes] uint8, possibly a read-only memory map
-        self.native = native.available()  # fixed for the weight's life: one target per process
-        self._native = native.BlockMatrix(kind, blocks) if self.native else None
+        # fixed for the weight's life: one target per process
+        self._native = native.BlockMatrix(kind, blocks) if native.available() else None
         if self._native is not None:
             self.blocks = self._native.array  # what the kernel reads (no copy when already contiguous)
         self.doubled = kind == "Q8_0"  # the int4 kernel sees the input twice: [x, x]
@@ -92,6 +92,11 @@ class QuantWeight:
     @property
     def shape(self) -> tuple[int, int]:
         return self.out_features, self.in_features
+
+    @property
+    def native(self) -> bool:
+        """Whether matmul runs the native block kernel (else torch's int4 kernel)."""
+        return self._native is not None
 
     @property
     def packed_int4(self) -> tuple[torch.Tensor, torch.Tensor] | None:
