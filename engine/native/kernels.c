@@ -116,6 +116,57 @@ static inline void widen_q8(const int8_t *q, float d, v8f w[4]) {
     for (int k = 0; k < 4; k++) w[k] = s8_to_f(q + 8 * k) * dv;
 }
 
+#ifdef __AVX512F__
+/* With 512-bit vectors a block is two registers: elements 0-15 and 16-31. Widened with one FMA each
+ * (d * q + m, for Q4_0 m = -8 d: exactly d * (q - 8), rounded once). */
+static inline void widen16_q4(const uint8_t *nib, float d, float m, __m512 w[2]) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)nib), mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m);
+    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), dv, mv);
+    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), dv, mv);
+}
+
+static inline void widen16_q8(const int8_t *q, float d, __m512 w[2]) {
+    const __m512 dv = _mm512_set1_ps(d);
+    w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), dv);
+    w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), dv);
+}
+
+/* Rows [o, o + nr) times tokens [t0, t0 + nt). Per row and token two 16-lane accumulators, one for
+ * each half of every block, over the blocks in order, summed at the end in a fixed order: the same
+ * operations for a token whatever nr, nt or the other tokens. */
+static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *blocks, int64_t nb,
+                                                       const float *x, int64_t in, int64_t t0, int nt,
+                                                       float *y, int64_t out, int64_t o, int nr) {
+    const int bb = block_bytes(kind);
+    __m512 acc[ROWS_PER_PASS][TOKENS_PER_PASS][2];  /* only [nr][nt] used */
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *blk = blocks + ((o + r) * nb + b) * bb;
+            const float d = half_to_float(blk);
+            __m512 w[2];
+            if (kind == 8) widen16_q8((const int8_t *)(blk + 2), d, w);
+            else if (kind == 5) widen16_q4(blk + 4, d, half_to_float(blk + 2), w);
+            else widen16_q4(blk + 2, d, -8.0f * d, w);
+            for (int t = 0; t < nt; t++) {
+                const float *xp = x + (t0 + t) * in + 32 * b;
+                acc[r][t][0] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xp), acc[r][t][0]);
+                acc[r][t][1] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xp + 16), acc[r][t][1]);
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) {
+            const __m512 s = _mm512_add_ps(acc[r][t][0], acc[r][t][1]);
+            /* halves, quarters, pairs, lanes: one fixed tree */
+            const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+            y[(t0 + t) * out + o + r] = hsum8((v8f)h);
+        }
+}
+#else
 /* Rows [o, o + nr) times tokens [t0, t0 + nt). Per row and token two 8-lane accumulators, one for
  * the even and one for the odd quarters of every block, over the blocks in order, summed at the end
  * in a fixed order: the same operations for a token whatever nr, nt or the other tokens. */
@@ -145,6 +196,7 @@ static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t++) y[(t0 + t) * out + o + r] = hsum8(acc[r][t][0] + acc[r][t][1]);
 }
+#endif
 
 /* kind: 4 (Q4_0), 5 (Q4_1), 8 (Q8_0); blocks [out, in / 32] of block_bytes(kind) each. */
 void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t in,
@@ -167,10 +219,27 @@ void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t
                     else tile(kind, blocks, nb, x, in, t0, 2, y, out, o, 1);
                     break;
 #define ROW_BY_ROW(NT) for (int r = 0; r < nr; r++) tile(kind, blocks, nb, x, in, t0, NT, y, out, o + r, 1)
+#ifdef __AVX512F__  /* 32 registers: two rows at a time up to four tokens */
+            case 3: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 3, y, out, o, 2);
+                    else tile(kind, blocks, nb, x, in, t0, 3, y, out, o, 1);
+                    break;
+            case 4: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 4, y, out, o, 2);
+                    else tile(kind, blocks, nb, x, in, t0, 4, y, out, o, 1);
+                    break;
+            case 5: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 5, y, out, o, 2);
+                    else tile(kind, blocks, nb, x, in, t0, 5, y, out, o, 1);
+                    break;
+            case 6: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 6, y, out, o, 2);
+                    else tile(kind, blocks, nb, x, in, t0, 6, y, out, o, 1);
+                    break;
+#else
             case 3: ROW_BY_ROW(3); break;
             case 4: ROW_BY_ROW(4); break;
+#endif
+#ifndef __AVX512F__
             case 5: ROW_BY_ROW(5); break;
             case 6: ROW_BY_ROW(6); break;
+#endif
             case 7: ROW_BY_ROW(7); break;
             default: ROW_BY_ROW(8); break;
 #undef ROW_BY_ROW
