@@ -20,16 +20,20 @@ rollback, rebuilds, Python and acceptance that is not i.i.d. all count. After RE
 cycles the runner-up (within REFRESH_MARGIN, and not needing an L1 cache that is not live) runs
 one cycle, so the estimates of a structure left long ago do not go stale.
 
-ar is priced by its own cycles' wall time (the median of the last AR_SAMPLES), and while a
-speculative structure runs, one ar cycle every AR_RETIME cycles keeps that price current: the two
-are then timed interleaved, in the same spell of machine load, as the bench compares them. (A price
-kept from the turn's first cycles went stale both ways: a slow spell inflated it, at qa 2K to
-62.7 ms/token against 32.9 measured, and auto stayed on structures slower than ar.)
+ar is priced at its forward's quiet cost (StepCosts) times a ratio of its cycles' wall time to that
+cost which believes a faster cycle mostly at once and a slower one only a little (noise on a shared
+machine only adds time): a burst of load does not price ar out, while its real overhead (Python,
+sampling) shows in every cycle. (Priced by the median wall time of its last 3 cycles, two slow ones
+priced it at 49 ms/token against 27 quiet at qa 2K, and auto left it for draft-only and triforce,
+slower in the same spell. Kept from a turn's first cycles, a slow spell inflated it to 62.7 against
+32.9.) While a speculative structure runs, one ar cycle every AR_RETIME cycles keeps that ratio
+current. The speculative structures keep decayed sums: their cycles' ratios vary with acceptance
+too, which must be averaged, not filtered. A probe cycle (ar re-timed, the runner-up refreshed)
+does not become the incumbent: the next choice weighs the structure it interrupted (the runner-up,
+once run, had kept itself by SWITCH_GAIN for four cycles at 1.5x ar's cost).
 """
 from __future__ import annotations
 
-import statistics
-from collections import deque
 from dataclasses import dataclass, field
 
 from engine.decoding.measurements import FORGET, Acceptance, StepCosts
@@ -53,7 +57,8 @@ REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cyc
 REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
 OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
 AR_RETIME = 16  # on a speculative structure, one ar cycle every 16 cycles re-times ar ...
-AR_SAMPLES = 3  # ... priced at the median wall time of its last 3 cycles
+AR_FASTER = 0.7  # an ar cycle faster than ar's ratio moves it 70% of the way at once ...
+AR_SLOWER = 0.1  # ... a slower one 10%
 SURPRISE = 1.5  # a cycle over 1.5x its structure's predicted ms/token re-scores the choice at once
 
 
@@ -108,8 +113,9 @@ class Policy:
     _since_refresh: int = 0  # cycles since the runner-up last ran
     _scored_rates: dict = field(default_factory=dict)  # acceptance at the last scoring
     _budget_moved: int = 0  # +1 / -1 once choose_budget grew / shrank the budget
-    _ar_walls: deque = field(default_factory=lambda: deque(maxlen=AR_SAMPLES))  # wall s of the last ar cycles
+    _ar_ratio: float | None = None  # ar cycles' wall time / modelled time, noise-robust
     _since_ar: int = 0  # cycles since ar last ran
+    _incumbent: Structure | None = None  # what a probe cycle interrupted (None: the current structure)
 
     def new_turn(self) -> None:
         """A new prompt: score afresh at the next cycle."""
@@ -155,7 +161,7 @@ class Policy:
         if (Mode.AR in modes and self.current is not None and self.current.mode is not Mode.AR
                 and self._since_ar >= AR_RETIME):
             self._settled = False  # re-time ar next to the structure it competes with: one token
-            return self._ran(Structure(Mode.AR))
+            return self._probe(Structure(Mode.AR))
         if self._since_refresh >= REFRESH_CYCLES:  # re-measure the runner-up once: estimates of a
             self._since_refresh = 0  # structure left long ago go stale (costs move with the context)
             live_l1 = self.current is not None and self.current.mode.uses_l1
@@ -166,11 +172,13 @@ class Policy:
                                     key=lambda x: x[0])
                 if ms <= REFRESH_MARGIN * best_ms:
                     self._settled = False
-                    return self._ran(runner_up)
-        if self.current is not None and self.current.mode in modes:
-            now = next((ms for ms, s in scored if s.mode is self.current.mode), None)
-            if now is not None and best.mode is not self.current.mode and best_ms > SWITCH_GAIN * now:
-                best = next(s for ms, s in scored if s.mode is self.current.mode)  # not worth a switch
+                    return self._probe(runner_up)
+        incumbent = self._incumbent or self.current
+        self._incumbent = None
+        if incumbent is not None and incumbent.mode in modes:
+            now = next((ms for ms, s in scored if s.mode is incumbent.mode), None)
+            if now is not None and best.mode is not incumbent.mode and best_ms > SWITCH_GAIN * now:
+                best = next(s for ms, s in scored if s.mode is incumbent.mode)  # not worth a switch
         plain = next((ms for ms, s in scored if s.mode is Mode.AR), None)
         predicted = {s: ms for ms, s in scored}
         if plain is not None and best.mode is not Mode.AR and predicted[best] > SPECULATION_GAIN * plain:
@@ -197,7 +205,15 @@ class Policy:
             self.costs.forget("l1")  # L1's cost changes with its size: measure it again
         return new
 
+    def _probe(self, chosen: Structure) -> Structure:
+        """Run `chosen` for one cycle, to measure it; the next choice weighs what it interrupted."""
+        incumbent = self._incumbent or self.current
+        self._ran(chosen)
+        self._incumbent = incumbent
+        return chosen
+
     def _ran(self, chosen: Structure) -> Structure:
+        self._incumbent = None
         self._since_refresh += 1
         self._since_ar = 0 if chosen.mode is Mode.AR else self._since_ar + 1
         if self.current is not None and chosen.mode is not self.current.mode:
@@ -262,9 +278,9 @@ class Policy:
         cycle = self.cycle_cost(s)
         if cycle is None:
             return None
-        if s.mode is Mode.AR and corrected and self._ar_walls:
-            return statistics.median(self._ar_walls)  # timed directly, recently
         seconds, tokens = cycle
+        if s.mode is Mode.AR and corrected and self._ar_ratio is not None:
+            return seconds * self._ar_ratio
         return seconds * (self._overhead(s) if corrected else 1.0) / tokens
 
     def cycle_cost(self, s: Structure) -> tuple[float, float] | None:
@@ -298,11 +314,12 @@ class Policy:
         if believed is not None and tokens >= 1 and seconds > SURPRISE * believed * tokens:
             self._settled = False  # do not wait RESCORE_EVERY cycles on a structure this far off (at
             # continue 2K, triforce g2=8 predicted 26 ms/token ran four cycles at 57-88 before a re-score)
-        if s.mode is Mode.AR and tokens == 1:
-            self._ar_walls.append(seconds)
         predicted = self.seconds_per_token(s, corrected=False)
         if predicted is None or tokens < 1:
             return
+        if s.mode is Mode.AR and tokens == 1:
+            r, old = max(0.5, min(OUTLIER, seconds / predicted)), self._ar_ratio
+            self._ar_ratio = r if old is None else old + (AR_FASTER if r < old else AR_SLOWER) * (r - old)
         expected = predicted * tokens
         if seconds > OUTLIER * expected:  # a one-off (an n-gram index built over the whole book)
             return

@@ -1,0 +1,62 @@
+"""Every verification cycle of `auto`'s answers at one bench cell, with a fixed method run between
+them as the bench does: what ran, its wall ms, the tokens it yielded, and what the policy predicted
+for ar and for the structure it chose. Shows where auto loses time against the best fixed mode.
+Usage (repo root): OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python docs/notes/auto_trace.py CONTEXT WORKLOAD REPEATS [OTHERS]
+e.g. docs/notes/auto_trace.py 2048 qa 4 ar,draft-only"""
+import collections
+import statistics
+import sys
+import time
+
+import torch
+from engine.decoding.policy import Structure
+from engine.decoding.session import ChatSession
+from engine.model.loading import load_folder
+from engine.settings import DecodeSettings, Mode
+from engine.store.models import resolve_model
+from engine.tools.bench import _run_ours, build_prompt
+from engine.tools.sample_text import sample_text
+
+torch.set_num_threads(2)
+ctx, workload, reps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+others = sys.argv[4].split(",") if len(sys.argv) > 4 else ["ar"]
+model = load_folder(resolve_model("bundled"))
+base = DecodeSettings().replace(max_new_tokens=64, stop=(), ignore_eos=True)
+prompt = build_prompt(model, sample_text(), ctx, workload)
+session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + 128)
+dec = session.decoder
+orig = dec.step
+cycles = []
+
+
+def step(seq):
+    t = time.perf_counter()
+    out = orig(seq)
+    ms = (time.perf_counter() - t) * 1000
+    p = dec.policy
+    ar = p.seconds_per_token(Structure(Mode.AR))
+    me = p.seconds_per_token(dec.structure) if dec.structure is not None else None
+    cycles.append((dec.structure.label, ms, len(out), ar and ar * 1000, me and me * 1000))
+    return out
+
+
+dec.step = step
+runs = collections.defaultdict(list)
+for r in range(reps):
+    for m in ["auto"] + others:
+        cycles.clear()
+        got, ms, acc, metrics = _run_ours(session, prompt, base.replace(mode=m))
+        runs[m].append(ms)
+        print(f"rep {r} {m:12s} {ms:5.1f} ms/token, {len(cycles)} cycles")
+        if m == "auto":
+            by = collections.defaultdict(lambda: [0, 0.0, 0])
+            for label, cms, n, par, pme in cycles:
+                by[label][0] += 1; by[label][1] += cms; by[label][2] += n
+            for label, (k, tot, n) in by.items():
+                print(f"    {label:28s} {k:3d} cycles {tot:7.1f} ms {n:3d} tokens  {tot / max(n, 1):5.1f} ms/token")
+            print("    sequence:", " ".join(f"{c[0].split(' ')[0][:5]}{c[0][-1] if c[0] != 'ar' else ''}:{c[1]:.0f}/{c[2]}"
+                                         f"(ar~{c[3]:.0f},me~{c[4]:.0f})" if c[3] and c[4] else f"{c[0]}:{c[1]:.0f}/{c[2]}"
+                                         for c in cycles))
+        sys.stdout.flush()
+for m in runs:
+    print(m, round(statistics.median(runs[m]), 1), [round(x, 1) for x in runs[m]])
