@@ -6,7 +6,8 @@ e.g. docs/notes/policy_ab.py 1024,2048,4096,8000 continue,qa 5 ar,auto,auto-rati
 
 Methods: our fixed modes, `auto` (the shipped policy), `auto-s4` (ar priced from its step-cost
 table and its mode's wall/model ratio, never re-timed beside a speculative structure: the policy
-of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-min` (re-timed, priced at the lower of the two), `auto-ratio` (the previous cost model and no
+of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-min` (re-timed, priced at the lower of auto's price and auto-median3's), `auto-median3` (ar priced at the
+median wall time of its last 3 cycles and a probe cycle kept as the incumbent: the policy before 658e597), `auto-ratio` (the previous cost model and no
 shadow lookups, with the per-structure wall/model ratio) and `auto-old` (the policy before
 2026-11-30 evening: a least-squares line through the measured step costs, gammas not bounded by
 the sizes timed, one wall/model ratio per mode, no shadow lookups). Each auto variant keeps its
@@ -60,8 +61,8 @@ class RatioPolicy(P.Policy):
 
 
 class S4Policy(P.Policy):
-    """ar priced from its step-cost table and its mode's wall/model ratio, and never re-timed beside
-    a speculative structure (as at c0a7149)."""
+    """ar priced from its step-cost table and its mode's decayed wall/model ratio, and never
+    re-timed beside a speculative structure (as at c0a7149)."""
 
     def _ran(self, chosen):
         out = super()._ran(chosen)
@@ -70,31 +71,48 @@ class S4Policy(P.Policy):
 
     def realized(self, s, seconds, tokens):
         super().realized(s, seconds, tokens)
-        self._ar_walls.clear()
+        self._ar_ratio = None
 
 
 class RetimedTablePolicy(P.Policy):
     """ar re-timed every AR_RETIME cycles beside a speculative structure, but priced as auto-s4
-    prices it (its step-cost table times its mode's wall/model ratio), not by its last cycles."""
+    prices it (its step-cost table times its mode's decayed wall/model ratio)."""
 
     def realized(self, s, seconds, tokens):
         super().realized(s, seconds, tokens)
-        self._ar_walls.clear()
+        self._ar_ratio = None
 
 
-class LowerPricePolicy(P.Policy):
-    """Re-timed like auto, with ar priced at the lower of its two estimates: its last cycles'
-    median and its step-cost table times its mode's wall/model ratio."""
+class Median3Policy(P.Policy):
+    """ar priced at the median wall time of its last 3 cycles, a probe cycle kept as the incumbent:
+    the policy before 658e597."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._walls = collections.deque(maxlen=3)
+
+    def seconds_per_token(self, s, corrected=True):
+        if s.mode is P.Mode.AR and corrected and self._walls and self.cycle_cost(s) is not None:
+            return statistics.median(self._walls)
+        return super().seconds_per_token(s, corrected)
+
+    def realized(self, s, seconds, tokens):
+        super().realized(s, seconds, tokens)
+        if s.mode is P.Mode.AR and tokens == 1:
+            self._walls.append(seconds)
+
+    def _probe(self, chosen):
+        return self._ran(chosen)
+
+
+class LowerPricePolicy(Median3Policy):
+    """Re-timed like auto, with ar priced at the lower of its last 3 cycles' median and auto's price."""
 
     def seconds_per_token(self, s, corrected=True):
         got = super().seconds_per_token(s, corrected)
-        if got is None or s.mode is not P.Mode.AR or not corrected or not self._ar_walls:
+        if got is None or s.mode is not P.Mode.AR or not corrected:
             return got
-        walls, self._ar_walls = self._ar_walls, []
-        try:
-            return min(got, super().seconds_per_token(s, corrected))
-        finally:
-            self._ar_walls = walls
+        return min(got, P.Policy.seconds_per_token(self, s, corrected))
 
 
 class OldPolicy(RatioPolicy):
@@ -116,7 +134,7 @@ def main() -> None:
         for context in contexts:
             prompt = build_prompt(model, sample_text(), context, workload)
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + new_tokens + 64)
-            policies = {"auto": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-old": OldPolicy(costs=LineCosts()),
+            policies = {"auto": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
                         "auto-ratio": RatioPolicy(costs=LineCosts())}
             shadow = session.decoder._shadow_l0
             runs, tokens, structures = collections.defaultdict(list), {}, collections.defaultdict(list)
@@ -124,7 +142,7 @@ def main() -> None:
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4", "auto-rt", "auto-min") else (lambda *a: None)
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4", "auto-rt", "auto-min", "auto-median3") else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))
                     runs[method].append(ms)
