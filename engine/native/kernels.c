@@ -11,7 +11,7 @@
  * Threads: OpenMP over output rows (matmul) and over (KV head, key segment) pairs (attention); the
  * split among threads never changes what a row computes. Vectors: GCC/Clang vector extensions, so
  * one source compiles to AVX2/AVX-512 on x86 and NEON on ARM; the weights' tile has its own
- * 512-bit version where the compiler targets AVX-512 (1.25-1.4x the 8-lane tile on a Zen 5 EPYC).
+ * 512-bit version where the compiler targets AVX-512 (1.3-1.6x the 8-lane tile on a Zen 5 EPYC).
  */
 #include <float.h>
 #include <stdint.h>
@@ -213,36 +213,25 @@ void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t
             /* constant counts keep the accumulators in registers: two rows at a time for one or two
              * tokens (enough independent sums to hide the FMA latency), one row for three to eight */
             switch (nt) {
-            case 1: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 1, y, out, o, 2);
-                    else tile(kind, blocks, nb, x, in, t0, 1, y, out, o, 1);
-                    break;
-            case 2: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 2, y, out, o, 2);
-                    else tile(kind, blocks, nb, x, in, t0, 2, y, out, o, 1);
-                    break;
+#define TWO_ROWS(NT) if (nr == 2) tile(kind, blocks, nb, x, in, t0, NT, y, out, o, 2); \
+                     else tile(kind, blocks, nb, x, in, t0, NT, y, out, o, 1)
 #define ROW_BY_ROW(NT) for (int r = 0; r < nr; r++) tile(kind, blocks, nb, x, in, t0, NT, y, out, o + r, 1)
-#ifdef __AVX512F__  /* 32 registers: two rows at a time up to four tokens */
-            case 3: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 3, y, out, o, 2);
-                    else tile(kind, blocks, nb, x, in, t0, 3, y, out, o, 1);
-                    break;
-            case 4: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 4, y, out, o, 2);
-                    else tile(kind, blocks, nb, x, in, t0, 4, y, out, o, 1);
-                    break;
-            case 5: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 5, y, out, o, 2);
-                    else tile(kind, blocks, nb, x, in, t0, 5, y, out, o, 1);
-                    break;
-            case 6: if (nr == 2) tile(kind, blocks, nb, x, in, t0, 6, y, out, o, 2);
-                    else tile(kind, blocks, nb, x, in, t0, 6, y, out, o, 1);
-                    break;
+            case 1: TWO_ROWS(1); break;
+            case 2: TWO_ROWS(2); break;
+#ifdef __AVX512F__  /* 32 registers: two rows at a time up to six tokens */
+            case 3: TWO_ROWS(3); break;
+            case 4: TWO_ROWS(4); break;
+            case 5: TWO_ROWS(5); break;
+            case 6: TWO_ROWS(6); break;
 #else
             case 3: ROW_BY_ROW(3); break;
             case 4: ROW_BY_ROW(4); break;
-#endif
-#ifndef __AVX512F__
             case 5: ROW_BY_ROW(5); break;
             case 6: ROW_BY_ROW(6); break;
 #endif
             case 7: ROW_BY_ROW(7); break;
             default: ROW_BY_ROW(8); break;
+#undef TWO_ROWS
 #undef ROW_BY_ROW
             }
         }
