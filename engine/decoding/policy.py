@@ -173,8 +173,7 @@ class Policy:
                 if ms <= REFRESH_MARGIN * best_ms:
                     self._settled = False
                     return self._probe(runner_up)
-        incumbent = self._incumbent or self.current
-        self._incumbent = None
+        incumbent = self._incumbent or self.current  # (_ran clears _incumbent below)
         if incumbent is not None and incumbent.mode in modes:
             now = next((ms for ms, s in scored if s.mode is incumbent.mode), None)
             if now is not None and best.mode is not incumbent.mode and best_ms > SWITCH_GAIN * now:
