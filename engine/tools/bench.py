@@ -7,6 +7,10 @@ runs every method once, in the same order (A B C, A B C, ...), so a busy spell o
 hits every method alike; the table gives each method's median with its min and max, and the load
 average before and after. The prompt is prefilled once per method family (our session, transformers'
 cache, llama.cpp's context) and reused by every run.
+
+Ratios are also given paired: per repeat, one method's time against another's from the same repeat
+(run seconds apart, so under the same load), then the median over repeats. A slow spell that hits
+one repeat moves both sides of its ratio, where it moves only one side of a ratio of medians.
 """
 from __future__ import annotations
 
@@ -45,6 +49,9 @@ class MethodResult:
     match_length: int | None = None  # leading tokens equal to ar's
     structure: str = ""  # auto: the structure(s) it ran, one per repeat
     candidates: list = field(default_factory=list)  # auto: [structure, predicted ms/token] of the last run
+    paired_speedup_vs_ar: float | None = None  # median over repeats of ar's ms/token / this method's
+    paired_vs_best_fixed: float | None = None  # auto: the same against the fixed mode with the lowest median
+    best_fixed: str = ""  # auto: which fixed mode that was
 
 
 def build_prompt(model: LoadedModel, text: str, context: int, workload: str) -> list[int]:
@@ -74,6 +81,13 @@ def _run_ours(session: ChatSession, prompt: list[int], settings: DecodeSettings)
     ms = 1000.0 / m.decode_tokens_per_s if m.decode_tokens_per_s else float("nan")
     acceptance = {lv.name: lv.rate for lv in m.levels}
     return tokens, ms, acceptance, m
+
+
+def paired_speedup(reference_ms: list[float], method_ms: list[float]) -> float | None:
+    """Median over repeats of reference / method (ms/token of the same repeat): above 1, the method
+    is faster. None when the two have no repeat in common."""
+    pairs = [a / b for a, b in zip(reference_ms, method_ms) if b > 0]
+    return statistics.median(pairs) if pairs else None
 
 
 def match_length(tokens: list[int], reference: list[int]) -> int:
@@ -187,6 +201,12 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
     ar_ms = results["ar"].ms_per_token
     for r in results.values():
         r.speedup_vs_ar = ar_ms / r.ms_per_token
+        r.paired_speedup_vs_ar = paired_speedup(runs["ar"], runs[r.method])
+    fixed = [results[m] for m in OUR_METHODS if m in results and m != "auto"]
+    if "auto" in results and fixed:
+        best = min(fixed, key=lambda r: r.ms_per_token)
+        results["auto"].best_fixed = best.method
+        results["auto"].paired_vs_best_fixed = paired_speedup(runs[best.method], runs["auto"])
     return {
         "model": model.model_id,
         "device": str(model.device) if model.device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
@@ -209,8 +229,8 @@ def format_report(report: dict) -> str:
              f"context, {report['new_tokens']} new tokens, {report.get('repeats', '?')} repeats interleaved, "
              f"{report['settings']}, load average {report.get('load_average_before', ['?'])[0]} -> "
              f"{report.get('load_average_after', ['?'])[0]}",
-             f"{'method':<15}{'ms/token':>10}{'(min-max)':>15}{'tokens/s':>10}{'vs ar':>8}{'L0->L1':>8}{'L1->L2':>8}"
-             f"{'L0->L2':>8}{'same as ar':>12}"]
+             f"{'method':<15}{'ms/token':>10}{'(min-max)':>15}{'tokens/s':>10}{'vs ar':>8}{'paired':>8}{'L0->L1':>8}"
+             f"{'L1->L2':>8}{'L0->L2':>8}{'same as ar':>12}"]
     for r in report["results"]:
         acc = r["acceptance"]
 
@@ -221,8 +241,15 @@ def format_report(report: dict) -> str:
         same = str(r["identical_to_ar"])
         if not r["identical_to_ar"] and r.get("match_length") is not None:
             same = f"first {r['match_length']}"
+        paired = r.get("paired_speedup_vs_ar")
+        paired = f"{paired:.2f}x" if paired is not None else "-"
         lines.append(f"{r['method']:<15}{r['ms_per_token']:>10.1f}{spread:>15}{r['tokens_per_s']:>10.2f}"
-                     f"{r['speedup_vs_ar']:>7.2f}x{pct('l0_l1'):>8}{pct('l1_l2'):>8}{pct('l0_l2'):>8}{same:>12}")
+                     f"{r['speedup_vs_ar']:>7.2f}x{paired:>8}{pct('l0_l1'):>8}{pct('l1_l2'):>8}{pct('l0_l2'):>8}"
+                     f"{same:>12}")
+    for r in report["results"]:
+        if r.get("paired_vs_best_fixed") is not None:
+            lines.append(f"  {r['method']} against the fastest fixed mode ({r['best_fixed']}), paired per repeat: "
+                         f"{r['paired_vs_best_fixed']:.2f}x")
     for r in report["results"]:
         if r.get("structure"):
             lines.append(f"  {r['method']} ran: {r['structure']}; weighed (ms/token): "
