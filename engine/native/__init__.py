@@ -124,6 +124,8 @@ def _load() -> ctypes.CDLL | None:
 
 
 def _kernels() -> ctypes.CDLL | None:
+    if _loaded:  # ~360 calls per forward: no lock once loaded (the list is only ever appended once)
+        return _loaded[0]
     with _lock:
         if not _loaded:
             _loaded.append(_load())
