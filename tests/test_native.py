@@ -95,6 +95,28 @@ def test_a_verification_row_has_the_bits_of_a_one_token_step(held, new):
         assert torch.equal(alone[:, 0], together[:, i]), f"row {i} of {new} after {held} held differs"
 
 
+@pytest.mark.parametrize("heads,n_kv,dim", [(8, 2, 40), (4, 1, 128), (6, 6, 24), (12, 3, 72)])
+@pytest.mark.parametrize("half", [False, True])
+def test_a_rows_bits_do_not_depend_on_the_rows_attended_with_it(heads, n_kv, dim, half):
+    """The kernel attends rows in groups of three (one widening of each K/V chunk for all of them);
+    which rows share a group changes with the number of new tokens, the bits of a row must not."""
+    held, new = 45, 5
+    total = held + new
+    keys, values = _kv(n_kv, _buffer(total), dim, seed=dim)
+    if half:
+        keys, values = keys.half(), values.half()
+    q = torch.randn(heads, new, dim, generator=torch.Generator().manual_seed(heads))
+    together = native.attention(q, keys, values, total)
+    for i in range(new):
+        alone = native.attention(q[:, i:i + 1], keys, values, held + i + 1)
+        assert torch.equal(alone[:, 0], together[:, i]), f"row {i} differs"
+    for h in range(heads):  # one query head alone: a group of its own
+        kv_head = h // (heads // n_kv)
+        single = native.attention(q[h:h + 1], keys[kv_head:kv_head + 1].contiguous(),
+                                  values[kv_head:kv_head + 1].contiguous(), total)
+        assert torch.equal(single[0], together[h]), f"head {h} differs"
+
+
 def test_what_lies_past_the_held_keys_is_never_seen():
     keys, values = _kv(2, 512, 16)
     q = torch.randn(4, 3, 16)

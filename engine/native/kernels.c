@@ -306,6 +306,21 @@ static inline __attribute__((always_inline)) v8f kv8(const void *base, int64_t i
 #endif
 }
 
+/* a * b + c rounded once where the CPU has FMA, else two roundings; spelled out rather than left to
+ * the compiler's contraction, which treated the instances of attend_group for 1, 2 and 3 rows
+ * differently (float32 K/V with head sizes other than 64 and 128) and so broke row invariance */
+static inline v8f fmadd8(v8f a, v8f b, v8f c) {
+#if defined(__FMA__) && defined(__AVX2__)
+    return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#elif defined(__FP_FAST_FMAF)  /* a hardware FMA the compiler could contract to (ARM): use it always */
+    v8f r;
+    for (int i = 0; i < 8; i++) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+    return r;
+#else  /* no FMA instruction: nothing to contract to */
+    return a * b + c;
+#endif
+}
+
 #define ROW_GROUP 3  /* rows attended together (a GQA group at one token): a K/V chunk is widened once for all */
 
 /* A group of nr rows over the first n[r] keys of one block (kb/vb: its BLOCK_KEYS keys and values,
@@ -328,8 +343,8 @@ static inline __attribute__((always_inline)) void attend_group(const int nr, con
                 const v8f k0 = kv8(kb, (j0 + j) * dim + c, half), k1 = kv8(kb, (j0 + j + 1) * dim + c, half);
                 for (int r = 0; r < nr; r++) {
                     const v8f qc = load8(qs[r] + c);
-                    x0[r] += qc * k0;
-                    x1[r] += qc * k1;
+                    x0[r] = fmadd8(qc, k0, x0[r]);
+                    x1[r] = fmadd8(qc, k1, x1[r]);
                 }
             }
             for (int r = 0; r < nr; r++) {
@@ -373,8 +388,8 @@ static inline __attribute__((always_inline)) void attend_group(const int nr, con
             const v8f v0 = kv8(vb, j * dim + i, half), v1 = kv8(vb, j * dim + i + 8, half);
             for (int r = 0; r < nr; r++) {
                 const v8f ej = splat(e[r][j]);
-                a0[r] += ej * v0;
-                a1[r] += ej * v1;
+                a0[r] = fmadd8(ej, v0, a0[r]);
+                a1[r] = fmadd8(ej, v1, a1[r]);
             }
         }
         for (int r = 0; r < nr; r++) {
@@ -387,7 +402,7 @@ static inline __attribute__((always_inline)) void attend_group(const int nr, con
         for (int r = 0; r < nr; r++) a0[r] = load8(acc[r] + i);
         for (int j = 0; j < most; j++) {
             const v8f v0 = kv8(vb, j * dim + i, half);
-            for (int r = 0; r < nr; r++) a0[r] += splat(e[r][j]) * v0;
+            for (int r = 0; r < nr; r++) a0[r] = fmadd8(splat(e[r][j]), v0, a0[r]);
         }
         for (int r = 0; r < nr; r++) store8(acc[r] + i, a0[r]);
     }
