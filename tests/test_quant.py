@@ -17,8 +17,8 @@ from engine.errors import UnsupportedModelError
 from engine.events import ChatMessage, DocumentText
 from engine.model.loading import load_folder
 from engine.model import quant
-from engine.model.quant import (CACHE_FILE, DENSE_ABOVE, QuantWeight, dequantize_blocks, unpermute_rows,
-                                widened_for_prefill)
+from engine.model.quant import (CACHE_FILE, DENSE_ABOVE, QuantWeight, cpu_prefill_attention_dtype, dequantize_blocks,
+                                unpermute_rows, widened_for_prefill)
 from engine.settings import DecodeSettings
 from streams import answer_tokens
 from test_lossless import TINY_SETTINGS, assert_identical_or_near_tie
@@ -170,8 +170,8 @@ def test_tiny_gguf_loads_quantized_and_matches_the_oracle(tiny_pair, tiny_gguf):
     quantized, oracle = tiny_pair
     runner = quantized.runner
     assert runner.weights_tag and not oracle.runner.weights_tag
-    assert runner.prefill_dtype == torch.bfloat16 and oracle.runner.prefill_dtype is None
-    assert runner.new_full_cache(16).prefill_dtype == torch.bfloat16
+    assert runner.prefill_dtype == cpu_prefill_attention_dtype() and oracle.runner.prefill_dtype is None
+    assert runner.new_full_cache(16).prefill_dtype == runner.prefill_dtype
     layer = runner.layers[0]
     assert {type(w) for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)} == {QuantWeight}
     assert isinstance(runner.embed, QuantWeight) and isinstance(runner.lm_head, QuantWeight)
@@ -195,8 +195,17 @@ def test_snapshot_keys_never_mix_the_quantized_and_float32_targets(tiny_pair):
     quantized, oracle = tiny_pair
     settings = DecodeSettings(mode="ar")
     keys = [ChatSession(m, settings, draft="none", capacity=2048)._snapshot_key() for m in (quantized, oracle)]
-    assert keys[0] != keys[1]
-    assert ":prefill-bfloat16" in keys[0] and "prefill" not in keys[1]  # K/V prefilled with float32 attention are another target's
+    assert keys[0] != keys[1] and "prefill" not in keys[1]
+    chosen = quantized.runner.prefill_dtype  # bfloat16 where the CPU has bf16 units, else float32 (None)
+    try:  # K/V prefilled with bfloat16 attention are another target's than float32-prefilled ones
+        quantized.runner.prefill_dtype = torch.bfloat16
+        bf16 = ChatSession(quantized, settings, draft="none", capacity=2048)._snapshot_key()
+        quantized.runner.prefill_dtype = None
+        f32 = ChatSession(quantized, settings, draft="none", capacity=2048)._snapshot_key()
+    finally:
+        quantized.runner.prefill_dtype = chosen
+    assert ":prefill-bfloat16" in bf16 and "prefill" not in f32 and len({bf16, f32, keys[1]}) == 3
+    assert keys[0] == (bf16 if chosen == torch.bfloat16 else f32)
 
 
 def _layer_weights(runner) -> list[QuantWeight]:
@@ -318,3 +327,12 @@ def test_bundled_quantized_target_every_mode_matches_ar(bundled_model_dir, sampl
             session.update_settings(DecodeSettings(max_new_tokens=32, **overrides))
             got, _ = answer_tokens(session, messages, doc)
             assert got == reference, (question, overrides)
+
+
+@pytest.mark.parametrize("bf16,amx,expected", [(True, False, torch.bfloat16), (False, True, torch.bfloat16),
+                                               (False, False, None)])
+def test_prefill_attends_in_bfloat16_only_where_the_cpu_multiplies_it(monkeypatch, bf16, amx, expected):
+    """bfloat16 prefill attention only pays with bf16 units; on an AVX2-only CPU float32 was faster."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert cpu_prefill_attention_dtype() == expected

@@ -63,6 +63,17 @@ WIDEN_SHARE = 0.25
 WIDEN_MAX = 4 << 30
 
 
+def cpu_prefill_attention_dtype() -> torch.dtype | None:
+    """What the CPU target's prefill chunks attend in: bfloat16 where the CPU multiplies bfloat16 in
+    hardware (AVX-512 BF16 or AMX: 2.1x faster than float32 over 8K keys on such a 2-core EPYC),
+    else float32 (None), which was the faster one on an AVX2-only EPYC (4,096 tokens: 215 against
+    202 tok/s, docs/notes/prefill_speed.py) and is the exact float32 arithmetic. Part of the
+    target's definition: snapshots are keyed by it (engine/decoding/session.py)."""
+    has_units = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or \
+        getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    return torch.bfloat16 if has_units else None
+
+
 class QuantWeight:
     """One linear weight [out, in] kept as the file's own GGUF blocks. matmul is the fast path:
     the native kernel over the blocks as stored (engine/native, float32 activations), or, where
@@ -390,6 +401,6 @@ def use_file_blocks(runner, gguf: Path, cache: Path | None = None) -> int:
             runner.lm_head, runner._lm_head_packed = weight, None
     if weights:  # a different target from float32's (its K/V differ), and one per kernel
         runner.weights_tag = "gguf-native-f32" if any(w.native for w in weights.values()) else "gguf-int4-bf16"
-        if runner.device.type == "cpu":  # its prefill attends in bfloat16, as its projections compute
-            runner.prefill_dtype = torch.bfloat16
+        if runner.device.type == "cpu":
+            runner.prefill_dtype = cpu_prefill_attention_dtype()
     return len(weights)
