@@ -10,7 +10,7 @@ from engine.decoding import measurements
 from engine.decoding.measurements import StepCosts
 from engine.decoding.policy import (AR_RETIME, EXPLORE_CYCLES, GROW, OUTLIER, REFRESH_CYCLES, SURPRISE, SWITCH_GAIN,
                                      Policy, Structure, expected_tokens)
-from engine.decoding.drafters import NgramDrafter
+from engine.decoding.drafters import NgramDrafter, common_prefix
 from engine.decoding.session import ChatSession
 from engine.events import ChatMessage, DocumentText
 from engine.model.loading import load_folder
@@ -189,8 +189,9 @@ def test_forced_switches_every_cycle_stay_identical_to_ar(tiny, sample_text, dra
 
 def test_auto_scores_the_ngram_drafter_on_cycles_it_took_no_part_in(tiny, sample_text, monkeypatch):
     """While auto runs ar, every cycle also asks the n-gram drafter what it would have proposed and
-    counts how much of it the emitted token confirms: draft-only's acceptance is learned without a
-    draft-only cycle, and the output is still exactly ar's."""
+    checks it against the tokens the target goes on to emit (that cycle's and the next ones'), as a
+    verification would have: draft-only's acceptance is learned without a draft-only cycle, from
+    whole drafts rather than their first token, and the output is still exactly ar's."""
     monkeypatch.setattr(measurements, "FORGET", 1.0)  # plain counts, to compare with a recount
     doc = [DocumentText("Hamlet", sample_text[:3000])]
     messages = [ChatMessage("user", "Repeat the first line of the play.")]
@@ -202,14 +203,49 @@ def test_auto_scores_the_ngram_drafter_on_cycles_it_took_no_part_in(tiny, sample
     session.decoder._shadow_l0 = lambda seq, emitted: (seen.append((list(seq), list(emitted))), shadow(seq, emitted))
     got, _ = answer_tokens(session, messages, doc)
     assert got == reference
-    recount = NgramDrafter()
-    offered = [(recount.propose(seq, 8, AUTO.sampling, None).tokens, emitted) for seq, emitted in seen]
     assert len(seen) >= 20 and all(len(emitted) == 1 for _, emitted in seen)  # one token per ar cycle
+    final = seen[-1][0] + seen[-1][1]  # the whole sequence: every lookup is checked against it
+    recount = NgramDrafter()
+    proposals = nonempty = accepted = tested = 0
+    still_open = []
+    for seq, _ in seen:
+        draft = recount.propose(seq, 8, AUTO.sampling, None).tokens
+        proposals += 1
+        if not draft:
+            continue
+        nonempty += 1
+        known = final[len(seq):len(seq) + len(draft)]
+        matched = common_prefix(draft, known)
+        if matched < len(known) or len(known) == len(draft):
+            accepted, tested = accepted + matched, tested + matched + (matched < len(known))
+        else:
+            still_open.append(matched)
     acc = session.decoder.policy.acceptance["l0_l2"]
-    assert acc.proposals == len(seen)
-    assert acc.nonempty == sum(1 for draft, _ in offered if draft) > 0
-    assert acc.accepted == sum(1 for draft, emitted in offered if draft and draft[0] == emitted[0])
-    assert acc.tested == acc.nonempty  # each offer is settled by the one emitted token: kept or refuted
+    assert acc.proposals == proposals - len(still_open) and acc.nonempty == nonempty - len(still_open) > 0
+    assert (acc.accepted, acc.tested) == (accepted, tested)
+    assert [m for _, _, m in session.decoder._shadows] == still_open  # the last ones wait for more tokens
+    session.decoder._close_shadows()  # as the next prompt does: what matched so far counts
+    assert acc.accepted == accepted + sum(still_open) and acc.proposals == proposals
+
+
+def test_a_shadow_draft_is_settled_by_the_tokens_of_later_cycles(tiny, monkeypatch):
+    """A lookup made at an ar cycle is followed over the next cycles: credited with every token the
+    target confirms, settled at the first that differs, and counted as matched so far if the
+    answer ends first."""
+    monkeypatch.setattr(measurements, "FORGET", 1.0)
+    decoder = ChatSession(tiny, AUTO, draft="ngram", capacity=256).decoder
+    acc = decoder.policy.acceptance["l0_l2"]
+    prompt = [7] * 10
+    decoder._shadows = [(10, [1, 2, 3, 4], 0)]  # guesses for positions 10-13
+    decoder._settle_shadows(prompt, [1])  # an ar cycle confirms position 10
+    decoder._settle_shadows(prompt + [1], [2, 3])  # a longer cycle confirms 11 and 12
+    assert acc.tested == 0 and decoder._shadows == [(10, [1, 2, 3, 4], 3)]
+    decoder._settle_shadows(prompt + [1, 2, 3], [9])  # position 13 differs: 3 of 4 accepted
+    assert (acc.accepted, acc.tested, acc.proposals) == (3, 4, 1) and decoder._shadows == []
+    decoder._shadows = [(14, [5, 6], 0)]
+    decoder._settle_shadows(prompt + [1, 2, 3, 9], [5])
+    decoder._close_shadows()  # the answer ended after one confirmed token
+    assert (acc.accepted, acc.tested, acc.proposals) == (4, 5, 2) and decoder._shadows == []
 
 
 def test_auto_reports_what_it_runs_and_weighs(tiny, sample_text):

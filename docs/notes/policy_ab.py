@@ -4,7 +4,9 @@ Usage (from the repo root):
     OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python docs/notes/policy_ab.py CONTEXTS WORKLOADS REPEATS METHODS [NEW_TOKENS]
 e.g. docs/notes/policy_ab.py 1024,2048,4096,8000 continue,qa 5 ar,auto,auto-ratio,auto-old,triforce,draft-only,retrieval-only
 
-Methods: our fixed modes, `auto` (the shipped policy), `auto-s4` (ar priced from its step-cost
+Methods: our fixed modes, `auto` (the shipped policy), `auto-censored` (the shipped policy with
+the shadow lookups of before the thirteenth pass: checked against the cycle's own tokens only),
+`auto-s4` (ar priced from its step-cost
 table and its mode's wall/model ratio, never re-timed beside a speculative structure: the policy
 of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-min` (re-timed, priced at the lower of auto's price and auto-median3's), `auto-median3` (ar priced at the
 median wall time of its last 3 cycles and a probe cycle kept as the incumbent: the policy before 658e597), `auto-ratio` (the previous cost model and no
@@ -24,6 +26,7 @@ import torch
 
 from engine.decoding import measurements as M
 from engine.decoding import policy as P
+from engine.decoding.drafters import common_prefix
 from engine.decoding.session import ChatSession
 from engine.model.loading import load_folder
 from engine.settings import DecodeSettings
@@ -134,15 +137,21 @@ def main() -> None:
         for context in contexts:
             prompt = build_prompt(model, sample_text(), context, workload)
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + new_tokens + 64)
-            policies = {"auto": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
+            policies = {"auto": P.Policy(), "auto-censored": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
                         "auto-ratio": RatioPolicy(costs=LineCosts())}
             shadow = session.decoder._shadow_l0
+            dec = session.decoder
+
+            def censored_shadow(seq, emitted):  # the shadow lookups before the thirteenth pass
+                draft = dec.drafter.propose(seq, dec.SHADOW_TOKENS, dec.settings.sampling, None, dec.answer_start)
+                dec.policy.observe("l0_l2", min(len(draft.tokens), len(emitted)), common_prefix(draft.tokens, emitted))
             runs, tokens, structures = collections.defaultdict(list), {}, collections.defaultdict(list)
             for _ in range(repeats):
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4", "auto-rt", "auto-min", "auto-median3") else (lambda *a: None)
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4", "auto-rt", "auto-min", "auto-median3") \
+                            else censored_shadow if method == "auto-censored" else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))
                     runs[method].append(ms)

@@ -83,6 +83,7 @@ class HierarchicalDecoder:
         self._budget: int | None = None  # the policy's retrieval budget (None: the settings')
         self.l1_verify = verify  # the acceptance rule at L1 (tests swap in a known-buggy variant)
         self.answer_start: int | None = None  # seq[answer_start:] is the answer (the repetition penalty counts it)
+        self._shadows: list[tuple[int, list[int], int]] = []  # open shadow drafts: (start, tokens, matched so far)
 
     # --- retrieval cache management ------------------------------------------------------------
     def budget(self) -> int:
@@ -98,6 +99,7 @@ class HierarchicalDecoder:
         self._prompt_query = prompt_query
         self._recent_l2.clear()
         self.answer_start = self.full.length  # the cache holds the prompt: the answer starts after it
+        self._close_shadows()  # (the last answer's: its tokens are all known by now)
         self.policy.new_turn()
         if self._policy_learns():  # each turn: the budget from what the last turns measured
             current = self.budget()
@@ -188,24 +190,53 @@ class HierarchicalDecoder:
             self._since_rebuild += len(out)
         if self._policy_learns():
             self.policy.realized(st, time.perf_counter() - started - lookup - self._setup_s, len(out))
-            if boundary != "l0_l2" and self.settings.mode == Mode.AUTO:
-                self._shadow_l0(seq, [token for token, _ in out])
+            if self.settings.mode == Mode.AUTO:
+                emitted = [token for token, _ in out]
+                if boundary != "l0_l2":
+                    self._shadow_l0(seq, emitted)
+                self._settle_shadows(seq, emitted)
         return out
 
-    SHADOW_TOKENS = 8  # tokens of the shadow lookup compared with what a cycle emitted
+    SHADOW_TOKENS = 8  # tokens of a shadow lookup checked against what the target emits
 
     def _shadow_l0(self, seq: list[int], emitted: list[int]) -> None:
         """Score an n-gram drafter against a cycle it took no part in, for free: what it would have
-        proposed from `seq`, against the tokens the cycle emitted. A deterministic draft is accepted
-        exactly when the target's own token equals it (under sampling with probability p(x), the
-        chance that the emitted sample is x), so its matched prefix is an unbiased draft-only
-        acceptance sample, cut at len(emitted). draft-only's estimate then stays current while
-        another structure runs, and needs no exploration cycles of its own. The output is untouched:
-        the lookup draws nothing and comes after the cycle."""
+        proposed from `seq`, checked against the tokens the target emits from there on, in this
+        cycle and the next ones (_settle_shadows). A deterministic draft is accepted exactly when
+        the target's own token equals it (under sampling with probability p(x), the chance that
+        the emitted sample is x), so its matched prefix is an unbiased draft-only acceptance sample.
+        (Checked against this cycle's tokens alone, an ar cycle could confirm one token of it only:
+        at continue 2K an answer stayed on ar for 30 cycles while copies that draft-only runs at
+        2-3 tokens a cycle went by.) draft-only's estimate then stays current while another
+        structure runs, and needs no exploration cycles of its own. The output is untouched: the
+        lookup draws nothing and comes after the cycle."""
         if self.drafter.runs_model or isinstance(self.drafter, NoDrafter):
             return
         draft = self.drafter.propose(seq, self.SHADOW_TOKENS, self.settings.sampling, None, self.answer_start)
-        self.policy.observe("l0_l2", min(len(draft.tokens), len(emitted)), common_prefix(draft.tokens, emitted))
+        if not draft.tokens:
+            self.policy.observe("l0_l2", 0, 0)  # an empty lookup: counts against the hit rate
+            return
+        self._shadows.append((len(seq), draft.tokens, 0))  # draft.tokens[i] guesses the token at len(seq) + i
+
+    def _settle_shadows(self, seq: list[int], emitted: list[int]) -> None:
+        """The sequence is now seq + emitted: settle each open shadow draft whose fate is known (a
+        token differs, or every token it offered is there); the others wait for the next cycle."""
+        open_ = []
+        for start, tokens, _ in self._shadows:
+            known = (seq[start:] + emitted)[:len(tokens)]  # start <= len(seq): made at an earlier or this cycle
+            matched = common_prefix(tokens, known)
+            if matched < len(known) or len(known) == len(tokens):
+                self.policy.observe("l0_l2", len(known), matched)
+            else:
+                open_.append((start, tokens, matched))
+        self._shadows = open_
+
+    def _close_shadows(self) -> None:
+        """The answer ended: what is still open matched every token it saw (at least one); count
+        those as accepted, the rest unknown."""
+        for _, _, matched in self._shadows:
+            self.policy.observe("l0_l2", matched, matched)
+        self._shadows = []
 
     def choice_metrics(self) -> dict:
         """Metrics fields saying what ran and, under auto, what the policy weighed."""
