@@ -424,8 +424,8 @@ static void attend_group_any(int nr, const float *const qs[ROW_GROUP], const voi
 #undef ATTEND
 }
 
-/* keys/values hold float32, or float16 when `half` (widened block by block into the thread's own
- * buffers, once for all rows: the cache's bytes halve, the arithmetic stays float32). */
+/* keys/values hold float32, or float16 when `half` (widened exactly, chunk by chunk in registers,
+ * once per group of up to ROW_GROUP rows: the cache's bytes halve, the arithmetic stays float32). */
 int triforce_attention(const float *q, const void *keys, const void *values, int half, int64_t cap,
                        int64_t n_heads, int64_t n_kv, int64_t T, int64_t dim, int64_t total,
                        float scale, float *out, int threads) {
