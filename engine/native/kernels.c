@@ -90,6 +90,22 @@ static inline int block_bytes(int kind) { return kind == 8 ? 34 : kind == 5 ? 20
 
 typedef uint8_t v16u8 __attribute__((vector_size(16)));
 
+/* a * b + c rounded once where the CPU has FMA, else two roundings; spelled out rather than left to
+ * the compiler's contraction, which treated the instances of attend_group for 1, 2 and 3 rows
+ * differently (float32 K/V with head sizes other than 64 and 128) and so broke row invariance; the
+ * weights' tile, instantiated per row and token count, uses it for the same reason */
+static inline v8f fmadd8(v8f a, v8f b, v8f c) {
+#if defined(__FMA__) && defined(__AVX2__)
+    return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#elif defined(__FP_FAST_FMAF)  /* a hardware FMA the compiler could contract to (ARM): use it always */
+    v8f r;
+    for (int i = 0; i < 8; i++) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+    return r;
+#else  /* no FMA instruction: nothing to contract to */
+    return a * b + c;
+#endif
+}
+
 static inline void widen_q4(const uint8_t *nib, float d, float m, v8f w[4]) {
     const v8f dv = splat(d), mv = splat(m);
 #ifdef __AVX2__
@@ -103,20 +119,20 @@ static inline void widen_q4(const uint8_t *nib, float d, float m, v8f w[4]) {
                                            4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1);
     const __m256i second = _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1,
                                             12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1);
-    w[0] = (v8f)_mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, first)) * dv + mv;   /* elements 0-7 */
-    w[1] = (v8f)_mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, second)) * dv + mv;  /* 8-15 */
-    w[2] = (v8f)_mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, first)) * dv + mv;   /* 16-23 */
-    w[3] = (v8f)_mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, second)) * dv + mv;  /* 24-31 */
+    w[0] = fmadd8((v8f)_mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, first)), dv, mv);   /* elements 0-7 */
+    w[1] = fmadd8((v8f)_mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, second)), dv, mv);  /* 8-15 */
+    w[2] = fmadd8((v8f)_mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, first)), dv, mv);   /* 16-23 */
+    w[3] = fmadd8((v8f)_mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, second)), dv, mv);  /* 24-31 */
 #else
     v16u8 b, lo, hi;
     memcpy(&b, nib, sizeof b);  /* elements 0-15 in the low nibbles, 16-31 in the high ones */
     lo = b & 0x0F;
     hi = b >> 4;
     const uint8_t *l = (const uint8_t *)&lo, *h = (const uint8_t *)&hi;
-    w[0] = u8_to_f(l) * dv + mv;
-    w[1] = u8_to_f(l + 8) * dv + mv;
-    w[2] = u8_to_f(h) * dv + mv;
-    w[3] = u8_to_f(h + 8) * dv + mv;
+    w[0] = fmadd8(u8_to_f(l), dv, mv);
+    w[1] = fmadd8(u8_to_f(l + 8), dv, mv);
+    w[2] = fmadd8(u8_to_f(h), dv, mv);
+    w[3] = fmadd8(u8_to_f(h + 8), dv, mv);
 #endif
 }
 
@@ -195,10 +211,10 @@ static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *
             else widen_q4(blk + 2, d, -8.0f * d, w);
             for (int t = 0; t < nt; t++) {
                 const float *xp = x + (t0 + t) * in + 32 * b;
-                acc[r][t][0] += w[0] * load8(xp);
-                acc[r][t][1] += w[1] * load8(xp + 8);
-                acc[r][t][0] += w[2] * load8(xp + 16);
-                acc[r][t][1] += w[3] * load8(xp + 24);
+                acc[r][t][0] = fmadd8(w[0], load8(xp), acc[r][t][0]);
+                acc[r][t][1] = fmadd8(w[1], load8(xp + 8), acc[r][t][1]);
+                acc[r][t][0] = fmadd8(w[2], load8(xp + 16), acc[r][t][0]);
+                acc[r][t][1] = fmadd8(w[3], load8(xp + 24), acc[r][t][1]);
             }
         }
     }
@@ -303,21 +319,6 @@ static inline __attribute__((always_inline)) v8f kv8(const void *base, int64_t i
     float t[8];
     for (int i = 0; i < 8; i++) t[i] = half_to_float((const uint8_t *)((const uint16_t *)base + idx + i));
     return load8(t);
-#endif
-}
-
-/* a * b + c rounded once where the CPU has FMA, else two roundings; spelled out rather than left to
- * the compiler's contraction, which treated the instances of attend_group for 1, 2 and 3 rows
- * differently (float32 K/V with head sizes other than 64 and 128) and so broke row invariance */
-static inline v8f fmadd8(v8f a, v8f b, v8f c) {
-#if defined(__FMA__) && defined(__AVX2__)
-    return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#elif defined(__FP_FAST_FMAF)  /* a hardware FMA the compiler could contract to (ARM): use it always */
-    v8f r;
-    for (int i = 0; i < 8; i++) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
-    return r;
-#else  /* no FMA instruction: nothing to contract to */
-    return a * b + c;
 #endif
 }
 
