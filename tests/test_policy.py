@@ -478,7 +478,7 @@ def test_setting_up_the_retrieval_cache_is_not_charged_to_the_cycle_that_needed_
 
     decoder.rebuild = slow_rebuild
     realized = decoder.policy.realized
-    decoder.policy.realized = lambda s, seconds, tokens: (walls.append((s.mode, seconds)), realized(s, seconds, tokens))
+    decoder.policy.realized = lambda s, seconds, tokens, **kw: (walls.append((s.mode, seconds)), realized(s, seconds, tokens, **kw))
     answer_tokens(session, [ChatMessage("user", "Repeat the first line of the play.")], doc)
     assert decoder.rebuilds >= 1 and Mode.RETRIEVAL_ONLY in [m for m, _ in walls]
     assert max(seconds for _, seconds in walls) < 0.3, walls

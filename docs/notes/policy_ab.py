@@ -4,7 +4,9 @@ Usage (from the repo root):
     OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python docs/notes/policy_ab.py CONTEXTS WORKLOADS REPEATS METHODS [NEW_TOKENS]
 e.g. docs/notes/policy_ab.py 1024,2048,4096,8000 continue,qa 5 ar,auto,auto-ratio,auto-old,triforce,draft-only,retrieval-only
 
-Methods: our fixed modes, `auto` (the shipped policy), `auto-censored` (the shipped policy with
+Methods: our fixed modes, `auto` (the shipped policy), `auto-noreplay` (the shipped policy with
+draft-only priced by the acceptance model, as before the fourteenth pass: its lookup log never
+counts as ready), `auto-censored` (the shipped policy with
 the shadow lookups of before the thirteenth pass: checked against the cycle's own tokens only),
 `auto-s4` (ar priced from its step-cost
 table and its mode's wall/model ratio, never re-timed beside a speculative structure: the policy
@@ -27,6 +29,7 @@ import torch
 from engine.decoding import measurements as M
 from engine.decoding import policy as P
 from engine.decoding.drafters import common_prefix
+from engine.decoding.lookup_replay import LookupLog
 from engine.decoding.session import ChatSession
 from engine.model.loading import load_folder
 from engine.settings import DecodeSettings
@@ -61,6 +64,13 @@ class RatioPolicy(P.Policy):
 
     def _within_measured(self, s, l2, l1):
         return True
+
+
+class UnreadyLog(LookupLog):
+    """A lookup log that never has enough positions: draft-only priced by the acceptance model."""
+
+    def ready(self):
+        return False
 
 
 class S4Policy(P.Policy):
@@ -137,7 +147,7 @@ def main() -> None:
         for context in contexts:
             prompt = build_prompt(model, sample_text(), context, workload)
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + new_tokens + 64)
-            policies = {"auto": P.Policy(), "auto-censored": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
+            policies = {"auto": P.Policy(), "auto-noreplay": P.Policy(lookups=UnreadyLog()), "auto-censored": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
                         "auto-ratio": RatioPolicy(costs=LineCosts())}
             shadow = session.decoder._shadow_l0
             dec = session.decoder
@@ -150,7 +160,7 @@ def main() -> None:
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-s4", "auto-rt", "auto-min", "auto-median3") \
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3") \
                             else censored_shadow if method == "auto-censored" else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))

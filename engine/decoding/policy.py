@@ -14,6 +14,12 @@ moves by SHIFT, and changes only between cycles; a switch needs a SWITCH_GAIN ad
 ar a SPECULATION_GAIN one. Every cycle's output is an
 exact sample whatever structure ran it, so switching never changes what is generated.
 
+With an n-gram drafter, draft-only is not priced by that acceptance model: the decoder logs a
+lookup at every position and what of it the target then emitted, and draft-only's forwards are
+replayed over the last positions (engine/decoding/lookup_replay.py), exact under greedy. It runs the
+same forwards as ar, so it shares ar's wall/forward ratio (and its cycles re-time ar), and a smaller
+margin (REPLAY_GAIN) decides between the two.
+
 The model counts forwards only. Each cycle's wall time against the model's prediction for the
 tokens it yielded is kept per mode and per structure (decayed sums) and scales its score, so drafting,
 rollback, rebuilds, Python and acceptance that is not i.i.d. all count. After REFRESH_CYCLES
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.decoding.lookup_replay import LOOKUP_TOKENS, LookupLog
 from engine.decoding.measurements import FORGET, Acceptance, StepCosts
 from engine.events import CandidateCost
 from engine.settings import MAX_DRAFT, DecodeSettings, Mode
@@ -60,6 +67,10 @@ AR_RETIME = 16  # on a speculative structure, one ar cycle every 16 cycles re-ti
 AR_FASTER = 0.7  # an ar cycle faster than ar's ratio moves it 70% of the way at once ...
 AR_SLOWER = 0.1  # ... a slower one 10%
 SURPRISE = 1.5  # a cycle over 1.5x its structure's predicted ms/token re-scores the choice at once
+# ar against a draft-only priced by replaying its lookups (engine/decoding/lookup_replay.py): both
+# run the same forwards, timed in one table, and the replay knows which drafts held, so the margin
+# only guards against noise in the step costs (the model-priced structures need SPECULATION_GAIN)
+REPLAY_GAIN = 0.97
 
 
 def expected_tokens(acceptance: float, gamma: int) -> float:
@@ -116,6 +127,7 @@ class Policy:
     _ar_ratio: float | None = None  # ar cycles' wall time / modelled time, noise-robust
     _since_ar: int = 0  # cycles since ar last ran
     _incumbent: Structure | None = None  # what a probe cycle interrupted (None: the current structure)
+    lookups: LookupLog = field(default_factory=LookupLog)  # n-gram lookups at every position, for the replay
 
     def new_turn(self) -> None:
         """A new prompt: score afresh at the next cycle."""
@@ -176,11 +188,11 @@ class Policy:
         incumbent = self._incumbent or self.current  # (_ran clears _incumbent below)
         if incumbent is not None and incumbent.mode in modes:
             now = next((ms for ms, s in scored if s.mode is incumbent.mode), None)
-            if now is not None and best.mode is not incumbent.mode and best_ms > SWITCH_GAIN * now:
+            if now is not None and best.mode is not incumbent.mode and best_ms > self._gain(best, incumbent) * now:
                 best = next(s for ms, s in scored if s.mode is incumbent.mode)  # not worth a switch
         plain = next((ms for ms, s in scored if s.mode is Mode.AR), None)
         predicted = {s: ms for ms, s in scored}
-        if plain is not None and best.mode is not Mode.AR and predicted[best] > SPECULATION_GAIN * plain:
+        if plain is not None and best.mode is not Mode.AR and predicted[best] > self._gain(best, Structure(Mode.AR)) * plain:
             best = Structure(Mode.AR)  # a predicted gain smaller than the model's own error
         return self._ran(best)
 
@@ -204,6 +216,12 @@ class Policy:
             self.costs.forget("l1")  # L1's cost changes with its size: measure it again
         return new
 
+    def _gain(self, best: Structure, current: Structure) -> float:
+        """The predicted share of `current`'s ms/token that `best` must reach to replace it."""
+        if {best.mode, current.mode} == {Mode.AR, Mode.DRAFT_ONLY} and self.lookups.ready():
+            return REPLAY_GAIN
+        return SPECULATION_GAIN if current.mode is Mode.AR else SWITCH_GAIN
+
     def _probe(self, chosen: Structure) -> Structure:
         """Run `chosen` for one cycle, to measure it; the next choice weighs what it interrupted."""
         incumbent = self._incumbent or self.current
@@ -214,7 +232,8 @@ class Policy:
     def _ran(self, chosen: Structure) -> Structure:
         self._incumbent = None
         self._since_refresh += 1
-        self._since_ar = 0 if chosen.mode is Mode.AR else self._since_ar + 1
+        times_ar = chosen.mode is Mode.AR or (chosen.mode is Mode.DRAFT_ONLY and self.lookups.ready())
+        self._since_ar = 0 if times_ar else self._since_ar + 1  # (a replayed draft-only cycle re-times ar too)
         if self.current is not None and chosen.mode is not self.current.mode:
             self.switches += 1
         self.current = chosen
@@ -227,7 +246,7 @@ class Policy:
         if mode is Mode.AR:
             return self.costs.measured("l2")
         if mode is Mode.DRAFT_ONLY:
-            return acc["l0_l2"].known or self.tried.get(mode, 0) >= EXPLORE_CYCLES
+            return self.lookups.ready() or acc["l0_l2"].known or self.tried.get(mode, 0) >= EXPLORE_CYCLES
         if mode is Mode.RETRIEVAL_ONLY:
             return self.costs.measured("l1") and (acc["l1_l2"].known or self.tried.get(mode, 0) >= EXPLORE_CYCLES)
         return (self.costs.measured("l1") and acc["l1_l2"].known and acc["l0_l1"].known) or \
@@ -262,6 +281,14 @@ class Policy:
             return acc["l0_l2"].rate
         return acc[boundary].rate
 
+    def _replay(self, gamma: int) -> tuple[float, int, int] | None:
+        """draft-only's forwards replayed over the logged lookups (engine/decoding/lookup_replay.py)."""
+        key = ("replay", gamma)
+        if key not in self._memo:
+            self._memo[key] = None if self._c("l2", 1) is None else \
+                self.lookups.replay(gamma, lambda n: self._c("l2", n))
+        return self._memo[key]
+
     def _hit(self) -> float:
         if "hit" not in self._memo:
             self._memo["hit"] = self._hit_fresh()
@@ -280,6 +307,8 @@ class Policy:
         seconds, tokens = cycle
         if s.mode is Mode.AR and corrected and self._ar_ratio is not None:
             return seconds * self._ar_ratio
+        if s.mode is Mode.DRAFT_ONLY and corrected and self._replay(s.gamma1) is not None:
+            return seconds * (self._ar_ratio or 1.0) / tokens  # the same forwards as ar's, the same overhead
         return seconds * (self._overhead(s) if corrected else 1.0) / tokens
 
     def cycle_cost(self, s: Structure) -> tuple[float, float] | None:
@@ -291,6 +320,10 @@ class Policy:
             return c2(1), 1.0
         h = self._hit()
         if s.mode is Mode.DRAFT_ONLY:
+            replayed = self._replay(s.gamma1)
+            if replayed is not None:
+                seconds, tokens, cycles = replayed
+                return seconds / cycles, tokens / cycles
             g = s.gamma1
             tokens = h * expected_tokens(self._rate("l0_l2"), g) + (1 - h)
             return self._c("l0", g) + h * c2(g + 1) + (1 - h) * c2(1), tokens
@@ -302,7 +335,7 @@ class Policy:
         l1_cost = self._c("l0", g1) + h * self._c("l1", g1 + 1) + (1 - h) * self._c("l1", 1)
         return g2 * l1_cost / per_l1_forward + c2(g2 + 1), expected_tokens(self._rate("l1_l2"), g2)
 
-    def realized(self, s: Structure, seconds: float, tokens: int) -> None:
+    def realized(self, s: Structure, seconds: float, tokens: int, checked: int = 0) -> None:
         """A cycle of `s` took `seconds` of wall time and yielded `tokens` tokens. Learn how far
         that is from the model, per mode: wall time over predicted time for those tokens. It takes
         in what the forwards do not show (drafting, acceptance, rollback, retrieval rebuilds,
@@ -316,8 +349,13 @@ class Policy:
         predicted = self.seconds_per_token(s, corrected=False)
         if predicted is None or tokens < 1:
             return
+        plain = None
         if s.mode is Mode.AR and tokens == 1:
-            r, old = max(0.5, min(OUTLIER, seconds / predicted)), self._ar_ratio
+            plain = predicted
+        elif s.mode is Mode.DRAFT_ONLY and checked and self.lookups.ready():
+            plain = self._c("l2", checked)  # one forward, as ar's cycle: its wall time re-times ar
+        if plain:
+            r, old = max(0.5, min(OUTLIER, seconds / plain)), self._ar_ratio
             self._ar_ratio = r if old is None else old + (AR_FASTER if r < old else AR_SLOWER) * (r - old)
         expected = predicted * tokens
         if seconds > OUTLIER * expected:  # a one-off (an n-gram index built over the whole book)
@@ -363,7 +401,8 @@ class Policy:
         if mode is Mode.AR:
             grid = [Structure(Mode.AR)]
         elif mode is Mode.DRAFT_ONLY:
-            grid = [Structure(mode, g, settings.gamma2) for g in range(1, min(MAX_DRAFT, 2 * MAX_GAMMA1) + 1)]
+            longest = LOOKUP_TOKENS if self.lookups.ready() else min(MAX_DRAFT, 2 * MAX_GAMMA1)
+            grid = [Structure(mode, g, settings.gamma2) for g in range(1, longest + 1)]
         elif mode is Mode.RETRIEVAL_ONLY:
             grid = [Structure(mode, settings.gamma1, g) for g in range(1, MAX_GAMMA2 + 1)]
         else:

@@ -18,6 +18,7 @@ import torch
 
 from engine.decoding.acceptance import penalty_counts, verify
 from engine.decoding.drafters import Draft, Drafter, NoDrafter, RetrievalDrafter, common_prefix, l0_draft
+from engine.decoding.lookup_replay import LOOKUP_TOKENS
 from engine.decoding.measurements import StepCosts
 from engine.decoding.policy import Policy, Structure
 from engine.events import Level, LevelStats
@@ -100,6 +101,7 @@ class HierarchicalDecoder:
         self._recent_l2.clear()
         self.answer_start = self.full.length  # the cache holds the prompt: the answer starts after it
         self._close_shadows()  # (the last answer's: its tokens are all known by now)
+        self.policy.lookups.close()
         self.policy.new_turn()
         if self._policy_learns():  # each turn: the budget from what the last turns measured
             current = self.budget()
@@ -189,12 +191,14 @@ class HierarchicalDecoder:
                 self._recent_l2.append(accepted / len(draft.tokens))
             self._since_rebuild += len(out)
         if self._policy_learns():
-            self.policy.realized(st, time.perf_counter() - started - lookup - self._setup_s, len(out))
+            self.policy.realized(st, time.perf_counter() - started - lookup - self._setup_s, len(out),
+                                 checked=len(draft.tokens) + 1)
             if self.settings.mode == Mode.AUTO:
                 emitted = [token for token, _ in out]
                 if boundary != "l0_l2":
                     self._shadow_l0(seq, emitted)
                 self._settle_shadows(seq, emitted)
+                self._log_lookups(seq, emitted)
         return out
 
     SHADOW_TOKENS = 8  # tokens of a shadow lookup checked against what the target emits
@@ -230,6 +234,19 @@ class HierarchicalDecoder:
             else:
                 open_.append((start, tokens, matched))
         self._shadows = open_
+
+    def _log_lookups(self, seq: list[int], emitted: list[int]) -> None:
+        """Ask the n-gram drafter what it would propose at each position this cycle covered (the
+        cycle's start and each token it emitted but the last), for the policy's replay of draft-only
+        (engine/decoding/lookup_replay.py); settle the lookups the new tokens decide. In position
+        order, so the drafter's index only moves forward. Nothing is drawn: the output is untouched."""
+        if self.drafter.runs_model or isinstance(self.drafter, NoDrafter):
+            return
+        log, known = self.policy.lookups, seq + emitted
+        for position in range(len(seq), len(known)):
+            log.add(position, self.drafter.propose(known[:position], LOOKUP_TOKENS, self.settings.sampling, None,
+                                                   self.answer_start).tokens)
+        log.settle(known)
 
     def _close_shadows(self) -> None:
         """The answer ended: what is still open matched every token it saw (at least one); count

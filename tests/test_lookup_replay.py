@@ -1,0 +1,152 @@
+"""auto prices draft-only by replaying its n-gram lookups over the tokens the target emitted
+(engine/decoding/lookup_replay.py): the log's bookkeeping, the replay's arithmetic, the choices it
+leads to, and that logging a lookup at every position leaves the output exactly ar's."""
+from __future__ import annotations
+
+import pytest
+
+from engine.decoding.drafters import NgramDrafter, common_prefix
+from engine.decoding.lookup_replay import LOOKUP_TOKENS, MIN_REPLAY, REPLAY_POSITIONS, LookupLog
+from engine.decoding.policy import AR_RETIME, EXPLORE_CYCLES, REPLAY_GAIN, Policy, Structure
+from engine.decoding.session import ChatSession
+from engine.events import ChatMessage, DocumentText
+from engine.model.loading import load_folder
+from engine.settings import DecodeSettings, Mode
+from streams import answer_tokens
+
+AUTO = DecodeSettings(mode="auto", budget=64, chunk=16)
+
+
+def test_a_lookup_settles_at_its_first_wrong_token_or_when_all_it_offered_is_known():
+    log = LookupLog()
+    seq = list(range(100, 110))  # positions 0-9
+    log.add(10, [1, 2, 3])  # guesses for positions 10-12
+    log.add(11, [])  # found nothing: settled as soon as its turn comes
+    log.add(12, [7])
+    log.settle(seq + [1, 2])  # 10 and 11 confirmed: the first lookup still needs position 12
+    assert list(log.settled) == []  # the later ones wait behind it, so the log stays in position order
+    log.settle(seq + [1, 2, 3])
+    assert list(log.settled) == [(3, 3), (0, 0), (1, 0)]
+    log.add(13, [4, 5])
+    log.settle(seq + [1, 2, 3, 9])  # differs at once
+    assert list(log.settled)[-1] == (2, 0)
+    log.add(14, [5])
+    log.close()  # a new prompt: what is open is dropped
+    log.settle(seq + [1, 2, 3, 9, 5])
+    assert len(log.settled) == 4
+
+
+def test_the_replay_runs_draft_only_cycle_by_cycle_over_the_logged_positions():
+    """Positions: a run of 6 that an 8-token lookup gets right, then 4 positions where lookups find
+    nothing, then 6 where they offer 8 and miss at once, counted cycle by cycle."""
+    log = LookupLog()
+    history = [(8, 6), (8, 5), (8, 4), (8, 3), (8, 2), (8, 1)] + [(0, 0)] * 4 + [(8, 0)] * 6
+    log.settled.extend(history)
+    cost = lambda n: 0.010 * (1 + 0.2 * (n - 1))  # noqa: E731  seconds of a forward checking n tokens
+    seconds, tokens, cycles = log.replay(4, cost)
+    # cycle 1 at position 0 checks 4 drafts (5 tokens) and keeps 4 + 1: next at position 5 (8, 1);
+    # it keeps 1 + 1: position 7, whose empty lookup and the next two are plain steps: position 10;
+    # then six cycles of 4 drafts that each yield the target's one token
+    assert (cycles, tokens) == (2 + 3 + 6, 16)
+    assert seconds == pytest.approx(8 * cost(5) + 3 * cost(1))
+    s1, t1, c1 = log.replay(1, cost)  # gamma 1: pairs at positions 0, 2, 4, then singles
+    assert (t1, c1) == (16, 3 + 4 + 6) and s1 == pytest.approx(9 * cost(2) + 4 * cost(1))
+
+
+def test_no_replay_before_enough_positions_are_settled():
+    log = LookupLog()
+    log.settled.extend([(8, 8)] * (MIN_REPLAY - 1))
+    assert log.replay(4, lambda n: 0.01) is None
+    log.settled.append((8, 8))
+    assert log.replay(4, lambda n: 0.01) is not None
+    log.settled.extend([(0, 0)] * (2 * REPLAY_POSITIONS))
+    assert len(log.settled) == REPLAY_POSITIONS  # only the latest positions count
+
+
+def _policy_with_log(history: list[tuple[int, int]], slope: float = 0.2) -> Policy:
+    """A policy whose L2 forward costs 10 ms + `slope` of that per extra token, every size timed,
+    with `history` as its logged lookups and an n-gram acceptance prior that says nothing."""
+    p = Policy()
+    for n in range(1, 14):
+        p.costs.record("l2", n, 0.010 * (1 + slope * (n - 1)))
+        p.costs.record("l1", n, 0.009 * (1 + slope * (n - 1)))  # L1 nearly as dear as L2: never worth it
+    for m in Mode:
+        p.tried[m] = EXPLORE_CYCLES
+    p.lookups.settled.extend(history)
+    return p
+
+
+def test_bursts_of_copies_that_the_acceptance_model_undervalues_make_draft_only_win():
+    """Every third position starts an 8-token copy, the rest find nothing: draft-only gains a lot by
+    the replay. The per-token acceptance model, fed the same lookups, had priced it near ar's."""
+    burst = [(8, 8), (8, 7), (8, 6), (8, 5), (8, 4), (8, 3), (8, 2), (8, 1), (0, 0), (0, 0), (0, 0), (0, 0)]
+    p = _policy_with_log(burst * 5)
+    chosen = p.choose(AUTO, has_l0=True, context_tokens=4000)
+    assert chosen.mode is Mode.DRAFT_ONLY and chosen.gamma1 >= 4
+    ar = p.seconds_per_token(Structure(Mode.AR))
+    assert p.seconds_per_token(chosen) < 0.6 * ar
+
+
+def test_lookups_that_miss_keep_ar_and_a_small_replayed_gain_is_taken():
+    misses = [(8, 0), (0, 0), (3, 0), (0, 0)] * 16
+    p = _policy_with_log(misses)
+    assert p.choose(AUTO, has_l0=True, context_tokens=4000).mode is Mode.AR
+    # one position in 16 offers one token that holds: draft-only replays at 0.95x ar, a gain the
+    # acceptance model's margin (SPECULATION_GAIN) would not take and the replay's does
+    some = ([(1, 1)] + [(0, 0)] * 15) * 4
+    p = _policy_with_log(some)
+    chosen = p.choose(AUTO, has_l0=True, context_tokens=4000)
+    ratio = p.seconds_per_token(Structure(Mode.DRAFT_ONLY, 1)) / p.seconds_per_token(Structure(Mode.AR))
+    assert ratio == pytest.approx(0.95) and ratio < REPLAY_GAIN
+    assert chosen.mode is Mode.DRAFT_ONLY
+
+
+def test_replayed_draft_only_cycles_re_time_ar_so_no_ar_probes_interrupt_them():
+    p = _policy_with_log([(8, 8), (8, 7), (8, 6), (8, 5), (8, 4), (8, 3), (8, 2), (8, 1)] * 8)
+    p.realized(Structure(Mode.AR), 0.011, 1)  # ar's wall time: 1.1x its forward
+    ran = []
+    for _ in range(2 * AR_RETIME + 1):
+        s = p.choose(AUTO, has_l0=True, context_tokens=4000)
+        ran.append(s)
+        p.realized(s, 1.3 * p.costs.estimate("l2", s.gamma1 + 1), 3, checked=s.gamma1 + 1)
+    assert all(s.mode is Mode.DRAFT_ONLY for s in ran)  # no ar cycle every AR_RETIME
+    assert 1.25 < p._ar_ratio <= 1.3  # re-timed by the draft-only cycles' wall time
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_folder(tiny_model_dir("llama"))
+
+
+def test_auto_logs_a_lookup_at_every_position_and_stays_identical_to_ar(tiny, sample_text):
+    """Whatever auto runs, each position of the answer gets an n-gram lookup, settled against the
+    tokens the target went on to emit; a recount over the final sequence gives the same log."""
+    doc = [DocumentText("Hamlet", sample_text[:3000])]
+    messages = [ChatMessage("user", "Repeat the first line of the play.")]
+    ar = ChatSession(tiny, DecodeSettings(mode="ar", max_new_tokens=48), draft="none", capacity=2048)
+    reference, _ = answer_tokens(ar, messages, doc)
+    session = ChatSession(tiny, AUTO.replace(max_new_tokens=48), draft="ngram", capacity=2048)
+    session.decoder.policy.forced = [Structure(Mode.AR), Structure(Mode.DRAFT_ONLY, 3, 1),
+                                     Structure(Mode.TRIFORCE, 2, 3), Structure(Mode.DRAFT_ONLY, 6, 1)]
+    steps, starts, step = [], [], session.decoder.step
+
+    def logged_step(seq):
+        starts.append(len(seq))
+        out = step(seq)
+        steps.append(list(seq) + [token for token, _ in out])
+        return out
+    session.decoder.step = logged_step
+    got, _ = answer_tokens(session, messages, doc)
+    assert got == reference
+    sequence = steps[-1]  # everything the target emitted, the last cycle's tokens included
+    recount, expected = NgramDrafter(), []
+    for position in range(starts[0], len(sequence)):
+        draft = recount.propose(sequence[:position], LOOKUP_TOKENS, AUTO.sampling, None).tokens
+        known = sequence[position:position + len(draft)]
+        matched = common_prefix(draft, known)
+        if matched < len(known) or len(known) == len(draft):
+            expected.append((len(draft), matched))
+        else:
+            break  # this one and the later ones still wait for tokens
+    log = list(session.decoder.policy.lookups.settled)
+    assert len(log) >= 20 and log == expected
