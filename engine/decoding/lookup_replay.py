@@ -26,6 +26,14 @@ REPLAY_POSITIONS = 64  # the replay covers the last 64 settled positions (one be
 MIN_REPLAY = 16  # fewer settled positions than this: draft-only is priced by the acceptance model
 
 
+def lookup_outcome(tokens: list[int], seq: list[int], position: int) -> tuple[int, int, bool]:
+    """A lookup at `position` that guessed `tokens`, against `seq` as now known: (guesses known,
+    of those matched, settled: a token differs or all it guessed are known)."""
+    known = seq[position:position + len(tokens)]
+    matched = common_prefix(tokens, known)
+    return len(known), matched, matched < len(known) or len(known) == len(tokens)
+
+
 class LookupLog:
     """Per sequence position, in order: (tokens an n-gram lookup offered there, how many of them the
     target then emitted). A lookup is settled once a token differs or all it offered are known."""
@@ -43,10 +51,9 @@ class LookupLog:
         first (a later one waits behind an earlier one, so `settled` stays in position order)."""
         done = 0
         for position, tokens in self._open:
-            known = seq[position:position + len(tokens)]
-            matched = common_prefix(tokens, known)
-            if matched == len(known) and len(known) < len(tokens):
-                break  # every known token matched and more are needed
+            _, matched, settled = lookup_outcome(tokens, seq, position)
+            if not settled:
+                break
             self.settled.append((len(tokens), matched))
             done += 1
         del self._open[:done]

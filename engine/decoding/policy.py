@@ -285,8 +285,7 @@ class Policy:
         """draft-only's forwards replayed over the logged lookups (engine/decoding/lookup_replay.py)."""
         key = ("replay", gamma)
         if key not in self._memo:
-            self._memo[key] = None if self._c("l2", 1) is None else \
-                self.lookups.replay(gamma, lambda n: self._c("l2", n))
+            self._memo[key] = self.lookups.replay(gamma, lambda n: self._c("l2", n))  # (callers checked c2(1))
         return self._memo[key]
 
     def _hit(self) -> float:

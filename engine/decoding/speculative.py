@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.decoding.acceptance import penalty_counts, verify
-from engine.decoding.drafters import Draft, Drafter, NoDrafter, RetrievalDrafter, common_prefix, l0_draft
-from engine.decoding.lookup_replay import LOOKUP_TOKENS
+from engine.decoding.drafters import Draft, Drafter, NoDrafter, RetrievalDrafter, l0_draft
+from engine.decoding.lookup_replay import LOOKUP_TOKENS, lookup_outcome
 from engine.decoding.measurements import StepCosts
 from engine.decoding.policy import Policy, Structure
 from engine.events import Level, LevelStats
@@ -225,12 +225,11 @@ class HierarchicalDecoder:
     def _settle_shadows(self, seq: list[int], emitted: list[int]) -> None:
         """The sequence is now seq + emitted: settle each open shadow draft whose fate is known (a
         token differs, or every token it offered is there); the others wait for the next cycle."""
-        open_ = []
-        for start, tokens, _ in self._shadows:
-            known = (seq[start:] + emitted)[:len(tokens)]  # start <= len(seq): made at an earlier or this cycle
-            matched = common_prefix(tokens, known)
-            if matched < len(known) or len(known) == len(tokens):
-                self.policy.observe("l0_l2", len(known), matched)
+        open_, now = [], seq + emitted
+        for start, tokens, _ in self._shadows:  # start <= len(seq): made at an earlier or this cycle
+            known, matched, settled = lookup_outcome(tokens, now, start)
+            if settled:
+                self.policy.observe("l0_l2", known, matched)
             else:
                 open_.append((start, tokens, matched))
         self._shadows = open_
