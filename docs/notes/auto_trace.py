@@ -54,6 +54,8 @@ for r in range(reps):
                 by[label][0] += 1; by[label][1] += cms; by[label][2] += n
             for label, (k, tot, n) in by.items():
                 print(f"    {label:28s} {k:3d} cycles {tot:7.1f} ms {n:3d} tokens  {tot / max(n, 1):5.1f} ms/token")
+            print("    quiet costs (ms):", {lv: {k: round(v * 1000, 1) for k, v in sorted(row.items())}
+                                               for lv, row in dec.policy.costs.table.items() if row})
             print("    sequence:", " ".join(f"{c[0].split(' ')[0][:5]}{c[0][-1] if c[0] != 'ar' else ''}:{c[1]:.0f}/{c[2]}"
                                          f"(ar~{c[3]:.0f},me~{c[4]:.0f})" if c[3] and c[4] else f"{c[0]}:{c[1]:.0f}/{c[2]}"
                                          for c in cycles))

@@ -4,7 +4,9 @@ Usage (from the repo root):
     OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python docs/notes/policy_ab.py CONTEXTS WORKLOADS REPEATS METHODS [NEW_TOKENS]
 e.g. docs/notes/policy_ab.py 1024,2048,4096,8000 continue,qa 5 ar,auto,auto-ratio,auto-old,triforce,draft-only,retrieval-only
 
-Methods: our fixed modes, `auto` (the shipped policy), `auto-noreplay` (the shipped policy with
+Methods: our fixed modes, `auto` (the shipped policy), `auto-prev` (the policy before the
+fifteenth pass: slow samples taken whole by the step costs and ar's ratio, L1 structures scored at
+any retrieval-cache share, no charge for building the retrieval cache on a switch), `auto-noreplay` (the shipped policy with
 draft-only priced by the acceptance model, as before the fourteenth pass: its lookup log never
 counts as ready), `auto-censored` (the shipped policy with
 the shadow lookups of before the thirteenth pass: checked against the cycle's own tokens only),
@@ -128,6 +130,41 @@ class LowerPricePolicy(Median3Policy):
         return min(got, P.Policy.seconds_per_token(self, s, corrected))
 
 
+class PrevCosts(P.StepCosts):
+    """The step costs before the fifteenth pass: a slower sample counted whole (no SLOW_CLIP)."""
+
+    def record(self, level, tokens, seconds):
+        clip, M.SLOW_CLIP = M.SLOW_CLIP, float("inf")
+        try:
+            super().record(level, tokens, seconds)
+        finally:
+            M.SLOW_CLIP = clip
+
+
+class PrevPolicy(P.Policy):
+    """The policy before the fifteenth pass: ar's ratio takes a slow cycle whole (no AR_CLIP), L1
+    structures are scored whatever share of the context the retrieval cache holds, and a switch to
+    one is not charged for building its cache."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("costs", PrevCosts())
+        super().__init__(*args, **kwargs)
+
+    def realized(self, s, seconds, tokens, checked=0):
+        clip, P.AR_CLIP = P.AR_CLIP, float("inf")
+        try:
+            super().realized(s, seconds, tokens, checked)
+        finally:
+            P.AR_CLIP = clip
+
+    @staticmethod
+    def retrieval_pays(budget, context_tokens):
+        return True
+
+    def _switch_cost(self, s):
+        return 0.0
+
+
 class OldPolicy(RatioPolicy):
     """...and one wall/model ratio per mode."""
 
@@ -147,7 +184,7 @@ def main() -> None:
         for context in contexts:
             prompt = build_prompt(model, sample_text(), context, workload)
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + new_tokens + 64)
-            policies = {"auto": P.Policy(), "auto-noreplay": P.Policy(lookups=UnreadyLog()), "auto-censored": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
+            policies = {"auto": P.Policy(), "auto-prev": PrevPolicy(), "auto-noreplay": P.Policy(lookups=UnreadyLog()), "auto-censored": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
                         "auto-ratio": RatioPolicy(costs=LineCosts())}
             shadow = session.decoder._shadow_l0
             dec = session.decoder
@@ -160,7 +197,7 @@ def main() -> None:
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3") \
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-prev", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3") \
                             else censored_shadow if method == "auto-censored" else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))

@@ -65,12 +65,15 @@ REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
 OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
 AR_RETIME = 16  # on a speculative structure, one ar cycle every 16 cycles re-times ar ...
 AR_FASTER = 0.7  # an ar cycle faster than ar's ratio moves it 70% of the way at once ...
-AR_SLOWER = 0.1  # ... a slower one 10%
+AR_SLOWER = 0.1  # ... a slower one 10%, counted as at most AR_CLIP times the ratio
+AR_CLIP = 1.25
 SURPRISE = 1.5  # a cycle over 1.5x its structure's predicted ms/token re-scores the choice at once
 # ar against a draft-only priced by replaying its lookups (engine/decoding/lookup_replay.py): both
 # run the same forwards, timed in one table, and the replay knows which drafts held, so the margin
 # only guards against noise in the step costs (the model-priced structures need SPECULATION_GAIN)
 REPLAY_GAIN = 0.97
+L1_MAX_SHARE = 0.5  # under auto, L1 structures only while the retrieval cache holds < half the context
+SETUP_HORIZON = 64  # a retrieval cache built to switch to an L1 structure must pay for itself in 64 tokens
 
 
 def expected_tokens(acceptance: float, gamma: int) -> float:
@@ -128,17 +131,25 @@ class Policy:
     _since_ar: int = 0  # cycles since ar last ran
     _incumbent: Structure | None = None  # what a probe cycle interrupted (None: the current structure)
     lookups: LookupLog = field(default_factory=LookupLog)  # n-gram lookups at every position, for the replay
+    setup_s: float | None = None  # seconds to build the retrieval cache for a prompt (moving average)
+    _l1_live: bool = False  # an L1 structure ran in this turn: its retrieval cache is built
 
     def new_turn(self) -> None:
-        """A new prompt: score afresh at the next cycle."""
+        """A new prompt: score afresh at the next cycle (an L1 structure must first build its cache)."""
         self._settled = False
+        self._l1_live = False
+
+    def l1_setup(self, seconds: float) -> None:
+        """A cycle first built the retrieval cache for this prompt (or budget) in `seconds`."""
+        self.setup_s = seconds if self.setup_s is None else 0.5 * (self.setup_s + seconds)
 
     def observe(self, boundary: str, proposed: int, accepted: int) -> None:
         self.acceptance[boundary].add(proposed, accepted)
 
-    def choose(self, settings: DecodeSettings, has_l0: bool, context_tokens: int) -> Structure:
+    def choose(self, settings: DecodeSettings, has_l0: bool, context_tokens: int,
+               budget: int | None = None) -> Structure:
         """The structure for the next cycle (`settings.mode` fixed: that mode, gammas tuned if
-        settings.auto)."""
+        settings.auto). `budget`: the retrieval budget in force (None: the settings')."""
         mode = Mode.of(settings.mode)
         self._memo.clear()
         if self.forced:
@@ -149,7 +160,8 @@ class Policy:
             return Structure(mode, settings.gamma1, settings.gamma2)  # (the bench runs ar between auto's answers)
         modes = [mode] if mode is not Mode.AUTO else [
             m for m in (Mode.AR, Mode.DRAFT_ONLY, Mode.RETRIEVAL_ONLY, Mode.TRIFORCE)
-            if has_l0 or not m.uses_l0 or m is Mode.AR]
+            if (has_l0 or not m.uses_l0 or m is Mode.AR)
+            and (not m.uses_l1 or self.retrieval_pays(budget or settings.budget, context_tokens))]
         if not has_l0 and mode in (Mode.DRAFT_ONLY,):
             return self._ran(Structure(mode, settings.gamma1, settings.gamma2))
         rates = {b: a.rate for b, a in self.acceptance.items()}
@@ -160,7 +172,7 @@ class Policy:
             return self._ran(self.current)
         self._since_score, self._scored_rates = 1, rates
         scored = [self._best_of(m, settings) for m in modes]
-        scored = [(ms, s) for ms, s in scored if ms is not None]
+        scored = [(ms + self._switch_cost(s), s) for ms, s in scored if ms is not None]
         if not scored:  # nothing timed yet: one plain step measures the target
             return self._ran(Structure(Mode.AR) if mode is Mode.AUTO else Structure(mode, settings.gamma1, settings.gamma2))
         self.candidates = tuple(CandidateCost(s.label, ms * 1000.0, self._explored(s.mode)) for ms, s in scored)
@@ -196,6 +208,15 @@ class Policy:
             best = Structure(Mode.AR)  # a predicted gain smaller than the model's own error
         return self._ran(best)
 
+    @staticmethod
+    def retrieval_pays(budget: int, context_tokens: int) -> bool:
+        """Can a structure with an L1 level beat ar and draft-only at all? Not while the retrieval
+        cache holds L1_MAX_SHARE of the context or more: its forwards then cost nearly what L2's do
+        (the weights dominate a small model's forward on a CPU), and every grid we ran agrees. Left
+        in, noise in a few timings made auto explore and re-pick them (trace of 2026-12-02, qa 2K:
+        triforce g1=2 g2=2 for 10 cycles at 33-37 ms/token beside ar's 26-28)."""
+        return min(budget, context_tokens) < L1_MAX_SHARE * context_tokens
+
     def choose_budget(self, settings: DecodeSettings, budget: int, context_tokens: int) -> int:
         """The retrieval budget for the next turn (a whole number of chunks): larger when L1 is cheap
         next to L2 but misses, smaller when it hardly misses and costs nearly as much as L2."""
@@ -215,6 +236,14 @@ class Policy:
             self._budget_moved = direction  # forgetting L1's costs, at 0.78x fixed retrieval-only)
             self.costs.forget("l1")  # L1's cost changes with its size: measure it again
         return new
+
+    def _switch_cost(self, s: Structure) -> float:
+        """Seconds per token a switch to `s` adds: an L1 structure whose cache is not built for this
+        prompt pays the build (300-700 ms at 8K), spread over SETUP_HORIZON tokens. (Left out, auto
+        at qa 8K went back to retrieval-only and triforce, each time rebuilding, where ar was faster.)"""
+        if not s.mode.uses_l1 or self._l1_live or self.setup_s is None:
+            return 0.0
+        return self.setup_s / SETUP_HORIZON
 
     def _gain(self, best: Structure, current: Structure) -> float:
         """The predicted share of `current`'s ms/token that `best` must reach to replace it."""
@@ -237,6 +266,7 @@ class Policy:
         if self.current is not None and chosen.mode is not self.current.mode:
             self.switches += 1
         self.current = chosen
+        self._l1_live = self._l1_live or chosen.mode.uses_l1
         self.tried[chosen.mode] = self.tried.get(chosen.mode, 0) + 1
         return chosen
 
@@ -355,6 +385,8 @@ class Policy:
             plain = self._c("l2", checked)  # one forward, as ar's cycle: its wall time re-times ar
         if plain:
             r, old = max(0.5, min(OUTLIER, seconds / plain)), self._ar_ratio
+            if old is not None and r > old:  # the step-cost table took in part of a slow spell already:
+                r = min(r, AR_CLIP * old)  # one slow cycle must not price ar out (it moved 60 % at qa 2K)
             self._ar_ratio = r if old is None else old + (AR_FASTER if r < old else AR_SLOWER) * (r - old)
         expected = predicted * tokens
         if seconds > OUTLIER * expected:  # a one-off (an n-gram index built over the whole book)

@@ -160,7 +160,7 @@ class HierarchicalDecoder:
 
     def _choose(self, seq: list[int]) -> Structure:
         has_l0 = not isinstance(self.drafter, NoDrafter)
-        st = self.policy.choose(self.settings, has_l0, len(seq))
+        st = self.policy.choose(self.settings, has_l0, len(seq), self.budget())
         if len(seq) + st.speculation_tokens() > self.full.capacity:  # the last tokens of a full cache
             st = Structure(Mode.AR)
         if self.structure is not None and st.mode is not self.structure.mode:
@@ -191,6 +191,8 @@ class HierarchicalDecoder:
                 self._recent_l2.append(accepted / len(draft.tokens))
             self._since_rebuild += len(out)
         if self._policy_learns():
+            if self._setup_s:
+                self.policy.l1_setup(self._setup_s)
             self.policy.realized(st, time.perf_counter() - started - lookup - self._setup_s, len(out),
                                  checked=len(draft.tokens) + 1)
             if self.settings.mode == Mode.AUTO:
