@@ -7,7 +7,7 @@ import time
 import pytest
 
 from engine.decoding import measurements
-from engine.decoding.measurements import StepCosts
+from engine.decoding.measurements import PRIOR_SLOPE, StepCosts
 from engine.decoding.policy import (AR_RETIME, EXPLORE_CYCLES, GROW, OUTLIER, REFRESH_CYCLES, SURPRISE, SWITCH_GAIN,
                                      Policy, Structure, expected_tokens)
 from engine.decoding.drafters import NgramDrafter, common_prefix
@@ -429,6 +429,12 @@ def test_a_burst_of_load_moves_a_cost_estimate_little_and_a_fast_forward_a_lot()
     assert spell > 0.100
     costs.record("l2", 1, 0.030)  # quieter than ever: believed half at once
     assert costs.estimate("l2", 1) == pytest.approx(0.5 * 0.030 + 0.5 * spell)
+    fresh = StepCosts()
+    fresh.record("l2", 1, 0.040)
+    fresh.record("l2", 2, 0.300)  # a new size first timed in a spike: capped at 1.5x its prediction
+    assert fresh.estimate("l2", 2) == pytest.approx(1.5 * 0.040 * (1 + PRIOR_SLOPE))
+    fresh.record("l2", 3, 0.045)  # a quiet first sample is believed whole
+    assert fresh.estimate("l2", 3) == pytest.approx(0.045)
 
 
 def test_ar_is_priced_by_its_own_cycles_and_re_timed_beside_a_speculative_structure():

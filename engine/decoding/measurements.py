@@ -25,8 +25,9 @@ class StepCosts:
         out for good: it may not run again to correct it)."""
         row = self.table[level]
         old = row.get(tokens)
-        if old is None:
-            row[tokens] = seconds
+        if old is None:  # a new size: capped by what the sizes timed so far predict for it (a first
+            prior = self.estimate(level, tokens)  # sample taken in a spike priced draft-only out for good)
+            row[tokens] = seconds if prior is None else min(seconds, SLOW_CLIP * prior)
         elif seconds < old:
             row[tokens] = 0.5 * old + 0.5 * seconds
         else:  # one spike (a forward at 4.7x its cost at qa 2K) moves it by 5 % at most
