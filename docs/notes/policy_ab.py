@@ -6,7 +6,8 @@ e.g. docs/notes/policy_ab.py 1024,2048,4096,8000 continue,qa 5 ar,auto,auto-rati
 
 Methods: our fixed modes, `auto` (the shipped policy), `auto-prev` (the policy before the
 fifteenth pass: slow samples taken whole by the step costs and ar's ratio, L1 structures scored at
-any retrieval-cache share, no charge for building the retrieval cache on a switch), `auto-noreplay` (the shipped policy with
+any retrieval-cache share, no charge for building the retrieval cache on a switch, all 96 triforce
+pairs scored; its step costs take a new size's first sample whole; only the faster replay loop is auto's), `auto-noreplay` (the shipped policy with
 draft-only priced by the acceptance model, as before the fourteenth pass: its lookup log never
 counts as ready), `auto-censored` (the shipped policy with
 the shadow lookups of before the thirteenth pass: checked against the cycle's own tokens only),
@@ -131,7 +132,7 @@ class LowerPricePolicy(Median3Policy):
 
 
 class PrevCosts(P.StepCosts):
-    """The step costs before the fifteenth pass: a slower sample counted whole (no SLOW_CLIP)."""
+    """The step costs before the fifteenth pass: a slower sample, and a new size's first one, counted whole."""
 
     def record(self, level, tokens, seconds):
         clip, M.SLOW_CLIP = M.SLOW_CLIP, float("inf")
@@ -143,8 +144,8 @@ class PrevCosts(P.StepCosts):
 
 class PrevPolicy(P.Policy):
     """The policy before the fifteenth pass: ar's ratio takes a slow cycle whole (no AR_CLIP), L1
-    structures are scored whatever share of the context the retrieval cache holds, and a switch to
-    one is not charged for building its cache."""
+    structures are scored whatever share of the context the retrieval cache holds, a switch to one
+    is not charged for building its cache, and triforce scores all 96 (g1, g2) pairs."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("costs", PrevCosts())
@@ -163,6 +164,16 @@ class PrevPolicy(P.Policy):
 
     def _switch_cost(self, s):
         return 0.0
+
+    def _best_of(self, mode, settings):  # triforce: every (g1, g2) pair scored (its lookup replay is auto's)
+        if mode is not P.Mode.TRIFORCE:
+            return super()._best_of(mode, settings)
+        l2 = self.costs.largest("l2")
+        l1 = self.costs.largest("l1") or l2
+        grid = [P.Structure(mode, g1, g2) for g1 in range(1, P.MAX_GAMMA1 + 1) for g2 in range(1, P.MAX_GAMMA2 + 1)]
+        grid = [s for s in grid if self._within_measured(s, l2, l1)] or grid[:1]
+        scored = [(t, s) for t, s in ((self.seconds_per_token(s), s) for s in grid) if t is not None]
+        return min(scored, key=lambda x: x[0]) if scored else (None, grid[0])
 
 
 class OldPolicy(RatioPolicy):
