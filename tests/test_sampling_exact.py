@@ -15,7 +15,7 @@ import torch
 from engine.decoding.acceptance import Verdict, target_probs, verify
 from engine.kv.full import FullCache
 from engine.decoding.drafters import ModelDrafter, NgramDrafter
-from engine.decoding.policy import Structure
+from engine.decoding.structure import Structure
 from engine.model.runner import LlamaRunner
 from engine.settings import DecodeSettings, Mode, Sampling
 from engine.decoding.speculative import HierarchicalDecoder

@@ -9,7 +9,7 @@ import sys
 import time
 
 import torch
-from engine.decoding.policy import Structure
+from engine.decoding.structure import Structure
 from engine.decoding.session import ChatSession
 from engine.model.loading import load_folder
 from engine.settings import DecodeSettings, Mode

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 from engine.decoding.lookup_replay import LOOKUP_TOKENS, LookupLog
 from engine.decoding.measurements import FORGET, Acceptance, StepCosts
+from engine.decoding.structure import Structure
 from engine.events import CandidateCost
 from engine.settings import MAX_DRAFT, DecodeSettings, Mode
 
@@ -81,30 +82,6 @@ def expected_tokens(acceptance: float, gamma: int) -> float:
     (accepted prefix + the correction/bonus token)."""
     a = min(max(acceptance, 0.0), 0.999)
     return (1.0 - a ** (gamma + 1)) / (1.0 - a)
-
-
-@dataclass(frozen=True)
-class Structure:
-    """One fixed way to decode: a mode that is not auto, with its draft lengths."""
-
-    mode: Mode
-    gamma1: int = 1
-    gamma2: int = 1
-
-    @property
-    def label(self) -> str:
-        if self.mode is Mode.AR:
-            return "ar"
-        if self.mode is Mode.DRAFT_ONLY:
-            return f"draft-only g1={self.gamma1}"
-        if self.mode is Mode.RETRIEVAL_ONLY:
-            return f"retrieval-only g2={self.gamma2}"
-        return f"triforce g1={self.gamma1} g2={self.gamma2}"
-
-    def speculation_tokens(self) -> int:
-        """Slots one cycle may add past the held tokens (as DecodeSettings.speculation_tokens)."""
-        return {Mode.AR: 1, Mode.DRAFT_ONLY: self.gamma1 + 1, Mode.RETRIEVAL_ONLY: self.gamma2 + 1}.get(
-            self.mode, self.gamma1 + self.gamma2 + 2)
 
 
 @dataclass
@@ -212,7 +189,8 @@ class Policy:
     def retrieval_pays(budget: int, context_tokens: int) -> bool:
         """Can a structure with an L1 level beat ar and draft-only at all? Not while the retrieval
         cache holds L1_MAX_SHARE of the context or more: its forwards then cost nearly what L2's do
-        (the weights dominate a small model's forward on a CPU), and every grid we ran agrees. Left
+        (the weights dominate a small model's forward on a CPU; in no grid did an L1 structure beat ar
+        or draft-only by more than 1 % at 1-2K, even with a retrieval cache an eighth of it). Left
         in, noise in a few timings made auto explore and re-pick them (trace of 2026-12-02, qa 2K:
         triforce g1=2 g2=2 for 10 cycles at 33-37 ms/token beside ar's 26-28)."""
         return min(budget, context_tokens) < L1_MAX_SHARE * context_tokens
@@ -391,7 +369,7 @@ class Policy:
         if plain:
             r, old = max(0.5, min(OUTLIER, seconds / plain)), self._ar_ratio
             if old is not None and r > old:  # the step-cost table took in part of a slow spell already:
-                r = min(r, AR_CLIP * old)  # one slow cycle must not price ar out (it moved 60 % at qa 2K)
+                r = min(r, AR_CLIP * old)  # one slow cycle must not price ar out (23 -> 39 ms at qa 2K)
             self._ar_ratio = r if old is None else old + (AR_FASTER if r < old else AR_SLOWER) * (r - old)
         expected = predicted * tokens
         if seconds > OUTLIER * expected:  # a one-off (an n-gram index built over the whole book)
@@ -448,7 +426,8 @@ class Policy:
             # (scoring every pair took ~2 ms, up to 7 % of a 28 ms token at qa 1K, every few cycles)
             if self._c("l1", 1) is None:
                 return None, Structure(mode, 1, 1)
-            g1 = min((g for g in range(1, MAX_GAMMA1 + 1) if g + 1 <= l1 + GROW) or [1], key=self._l1_per_token)
+            g1s = [g for g in range(1, MAX_GAMMA1 + 1) if self._within_measured(Structure(mode, g, 1), l2, l1)]
+            g1 = min(g1s or [1], key=self._l1_per_token)
             grid = [Structure(mode, g1, g2) for g2 in range(1, MAX_GAMMA2 + 1)]
             if self.current is not None and self.current.mode is mode and self.current.gamma1 != g1:
                 grid += [Structure(mode, self.current.gamma1, g2) for g2 in range(1, MAX_GAMMA2 + 1)]

@@ -20,7 +20,8 @@ from engine.decoding.acceptance import penalty_counts, verify
 from engine.decoding.drafters import Draft, Drafter, NoDrafter, RetrievalDrafter, l0_draft
 from engine.decoding.lookup_replay import LOOKUP_TOKENS, lookup_outcome
 from engine.decoding.measurements import StepCosts
-from engine.decoding.policy import Policy, Structure
+from engine.decoding.policy import Policy
+from engine.decoding.structure import Structure
 from engine.events import Level, LevelStats
 from engine.kv.full import FullCache
 from engine.kv.retrieval import RetrievalCache
