@@ -42,3 +42,32 @@ def test_a_rollback_deeper_than_the_log_reindexes_and_stays_right():
     assert _propose(drafter, short) == _propose(NgramDrafter(), short)
     assert id(drafter._index) != index_before  # past the log: a fresh index
     assert len(drafter._undo) <= NgramDrafter.UNDO
+
+
+def test_propose_each_equals_a_proposal_per_prefix():
+    """The auto policy's lookup log asks for a lookup at every position of a cycle in one call."""
+    rng = random.Random(7)
+    book = [rng.randrange(10) for _ in range(600)]
+    drafter, seq = NgramDrafter(), book[:300]
+    for step in range(120):
+        emitted = book[len(seq):len(seq) + rng.randrange(1, 7)]
+        if rng.random() < 0.3:  # a cycle after rejected speculation: the drafter saw another tail
+            _propose(drafter, seq[:-1] + [rng.randrange(10), rng.randrange(10)])
+        known = seq + emitted
+        got = drafter.propose_each(known, len(seq), 8)
+        assert got == [_propose(NgramDrafter(), known[:p], 8) for p in range(len(seq), len(known))], step
+        seq = known
+    assert drafter.propose_each([1, 2], 0, 8) == [[], []]  # too short to hold an n-gram
+
+
+def test_a_caller_changing_its_list_in_place_is_seen():
+    """The drafter keeps its own copy of what it indexed: a list the caller later edits in place is
+    compared against that copy, not against itself."""
+    for seed in range(30):
+        rng = random.Random(seed)
+        seq = [rng.randrange(8) for _ in range(300)]
+        drafter = NgramDrafter()
+        _propose(drafter, seq)
+        del seq[-20:]
+        seq += [rng.randrange(8) for _ in range(25)]
+        assert _propose(drafter, seq) == _propose(NgramDrafter(), list(seq)), seed

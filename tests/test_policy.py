@@ -242,7 +242,8 @@ def test_auto_scores_the_ngram_drafter_on_cycles_it_took_no_part_in(tiny, sample
     session = ChatSession(tiny, AUTO.replace(max_new_tokens=64), draft="ngram", capacity=2048)
     session.decoder.policy.forced = [Structure(Mode.AR)]
     seen, shadow = [], session.decoder._shadow_l0
-    session.decoder._shadow_l0 = lambda seq, emitted: (seen.append((list(seq), list(emitted))), shadow(seq, emitted))
+    session.decoder._shadow_l0 = lambda seq, emitted, *lookup: (seen.append((list(seq), list(emitted))),
+                                                                shadow(seq, emitted, *lookup))
     got, _ = answer_tokens(session, messages, doc)
     assert got == reference
     assert len(seen) >= 20 and all(len(emitted) == 1 for _, emitted in seen)  # one token per ar cycle

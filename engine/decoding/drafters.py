@@ -96,14 +96,15 @@ class NgramDrafter:
         self._indexed = 0  # n-grams ending before this position are indexed
         self._undo: dict[int, list[tuple[tuple[int, ...], int | None]]] = {}  # end -> [(n-gram, its entry before)]
 
-    def _sync(self, seq: list[int]) -> None:
-        """Index `seq`'s n-grams. The index grows along the sequence; when `seq` leaves what was
-        indexed (L1's drafts that L2 rejected, a shadow lookup behind the end), the entries past the
-        divergence are undone from the log (a full re-index of a book took ~5 ms at 8K, several
-        times per answer under triforce)."""
+    def _sync(self, seq: list[int], length: int, check: bool = True) -> None:
+        """Index the n-grams of `seq[:length]`. The index grows along the sequence; when it leaves
+        what was indexed (L1's drafts that L2 rejected, a shadow lookup behind the end), the entries
+        past the divergence are undone from the log (a full re-index of a book took ~5 ms at 8K,
+        several times per answer under triforce). `check=False`: the caller knows `seq` extends what
+        was indexed (propose_each's later positions), so the prefix is not compared again."""
         indexed = self._indexed
-        if self._seq[:indexed] != seq[:indexed]:  # compared in C: ~10 us for a book, per lookup
-            keep = min(self._same_prefix(seq, indexed), len(seq) - 1)  # ends <= keep are still right
+        if check and self._diverges(seq, length, indexed):
+            keep = min(self._same_prefix(seq, indexed), length - 1)  # ends <= keep are still right
             if all(end in self._undo for end in range(keep + 1, indexed)):
                 for end in range(indexed - 1, keep, -1):  # newest first: restores each entry's oldest value
                     for key, before in reversed(self._undo.pop(end)):
@@ -114,9 +115,9 @@ class NgramDrafter:
                 indexed = keep + 1
             else:
                 self._index, self._undo, indexed = {}, {}, 0
-        self._seq = seq
+            del self._seq[indexed:]
         index, undo = self._index, self._undo
-        limit = len(seq) - 1  # leave the current suffix out so it never matches itself
+        limit = length - 1  # leave the current suffix out so it never matches itself
         logged = limit + 1 - self.UNDO  # only the last UNDO positions can be rolled back cheaply
         for end in range(max(indexed, 1), limit + 1):
             log = [] if end >= logged else None
@@ -129,7 +130,16 @@ class NgramDrafter:
             if log is not None:
                 undo[end] = log
             undo.pop(end - self.UNDO, None)
+        self._seq.extend(seq[len(self._seq):limit + 1])
         self._indexed = max(indexed, limit + 1)
+
+    def _diverges(self, seq: list[int], length: int, indexed: int) -> bool:
+        """Does `seq[:length]` leave the indexed sequence (`self._seq`, a private copy of it)? One
+        comparison in C, sliced only where the lengths differ (each slice of a book cost ~30 us at
+        8K, more than the comparison; a lookup used to take two)."""
+        if length < indexed:
+            return True
+        return (seq if len(seq) == indexed else seq[:indexed]) != self._seq
 
     def _same_prefix(self, seq: list[int], indexed: int) -> int:
         """How many leading tokens of `seq` equal the indexed sequence's (a divergence is nearly
@@ -141,18 +151,37 @@ class NgramDrafter:
 
     def prime(self, seq: list[int]) -> None:
         """Index a freshly prefilled prompt now (tens of ms for a book), not in the first cycle."""
-        self._sync(seq)
+        self._sync(seq, len(seq))
 
     def propose(self, seq: list[int], count: int, sampling: Sampling,
                 generator: torch.Generator | None, answer_start: int | None = None) -> Draft:
         if count <= 0 or len(seq) < self.min_n + 1:
             return l0_draft([], None)
-        self._sync(seq)
+        self._sync(seq, len(seq))
+        return l0_draft(self._lookup(seq, len(seq), count), None)
+
+    def propose_each(self, seq: list[int], start: int, count: int) -> list[list[int]]:
+        """What `propose(seq[:p], count)` would return, for each p in [start, len(seq)), in one pass:
+        the prefix is compared once and the index then grows a position at a time, with no copies of
+        the sequence (the auto policy logs a lookup at every position, engine/decoding/lookup_replay.py)."""
+        out, checked = [], False
+        for p in range(start, len(seq)):
+            if count <= 0 or p < self.min_n + 1:
+                out.append([])
+                continue
+            self._sync(seq, p, check=not checked)
+            checked = True
+            out.append(self._lookup(seq, p, count))
+        return out
+
+    def _lookup(self, seq: list[int], length: int, count: int) -> list[int]:
+        """The tokens that followed the latest earlier occurrence of `seq[:length]`'s last n tokens
+        (the index holds `seq[:length]`'s n-grams)."""
         for n in range(self.max_n, self.min_n - 1, -1):
-            end = self._index.get(tuple(seq[-n:]))
-            if end is not None and end < len(seq):
-                return l0_draft(list(seq[end:end + count]), None)
-        return l0_draft([], None)
+            end = self._index.get(tuple(seq[length - n:length]))
+            if end is not None and end < length:
+                return seq[end:min(end + count, length)]
+        return []
 
     def cache_stats(self):
         return None

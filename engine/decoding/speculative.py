@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.decoding.acceptance import penalty_counts, verify
-from engine.decoding.drafters import Draft, Drafter, NoDrafter, RetrievalDrafter, l0_draft
+from engine.decoding.drafters import Draft, Drafter, NgramDrafter, NoDrafter, RetrievalDrafter, l0_draft
 from engine.decoding.lookup_replay import LOOKUP_TOKENS, lookup_outcome
 from engine.decoding.measurements import StepCosts
 from engine.decoding.policy import Policy
@@ -198,15 +198,15 @@ class HierarchicalDecoder:
                                  checked=len(draft.tokens) + 1)
             if self.settings.mode == Mode.AUTO:
                 emitted = [token for token, _ in out]
+                first = self._log_lookups(seq, emitted)
                 if boundary != "l0_l2":
-                    self._shadow_l0(seq, emitted)
+                    self._shadow_l0(seq, emitted, first)
                 self._settle_shadows(seq, emitted)
-                self._log_lookups(seq, emitted)
         return out
 
     SHADOW_TOKENS = 8  # tokens of a shadow lookup checked against what the target emits
 
-    def _shadow_l0(self, seq: list[int], emitted: list[int]) -> None:
+    def _shadow_l0(self, seq: list[int], emitted: list[int], lookup: list[int] | None = None) -> None:
         """Score an n-gram drafter against a cycle it took no part in, for free: what it would have
         proposed from `seq`, checked against the tokens the target emits from there on, in this
         cycle and the next ones (_settle_shadows). A deterministic draft is accepted exactly when
@@ -216,14 +216,17 @@ class HierarchicalDecoder:
         at continue 2K an answer stayed on ar for 30 cycles while copies that draft-only runs at
         2-3 tokens a cycle went by.) draft-only's estimate then stays current while another
         structure runs, and needs no exploration cycles of its own. The output is untouched: the
-        lookup draws nothing and comes after the cycle."""
+        lookup draws nothing and comes after the cycle. `lookup`: what the drafter proposes from
+        `seq` (the lookup log's first entry of this cycle), if already asked."""
         if self.drafter.runs_model or isinstance(self.drafter, NoDrafter):
             return
-        draft = self.drafter.propose(seq, self.SHADOW_TOKENS, self.settings.sampling, None, self.answer_start)
-        if not draft.tokens:
+        if lookup is None:
+            lookup = self.drafter.propose(seq, self.SHADOW_TOKENS, self.settings.sampling, None, self.answer_start).tokens
+        tokens = lookup[:self.SHADOW_TOKENS]
+        if not tokens:
             self.policy.observe("l0_l2", 0, 0)  # an empty lookup: counts against the hit rate
             return
-        self._shadows.append((len(seq), draft.tokens, 0))  # draft.tokens[i] guesses the token at len(seq) + i
+        self._shadows.append((len(seq), tokens, 0))  # tokens[i] guesses the token at len(seq) + i
 
     def _settle_shadows(self, seq: list[int], emitted: list[int]) -> None:
         """The sequence is now seq + emitted: settle each open shadow draft whose fate is known (a
@@ -237,18 +240,20 @@ class HierarchicalDecoder:
                 open_.append((start, tokens, matched))
         self._shadows = open_
 
-    def _log_lookups(self, seq: list[int], emitted: list[int]) -> None:
+    def _log_lookups(self, seq: list[int], emitted: list[int]) -> list[int] | None:
         """Ask the n-gram drafter what it would propose at each position this cycle covered (the
         cycle's start and each token it emitted but the last), for the policy's replay of draft-only
         (engine/decoding/lookup_replay.py); settle the lookups the new tokens decide. In position
-        order, so the drafter's index only moves forward. Nothing is drawn: the output is untouched."""
-        if self.drafter.runs_model or isinstance(self.drafter, NoDrafter):
-            return
+        order, so the drafter's index only moves forward. Nothing is drawn: the output is untouched.
+        Returns the lookup at the cycle's start (the shadow draft's), None without an n-gram drafter."""
+        if not isinstance(self.drafter, NgramDrafter):
+            return None
         log, known = self.policy.lookups, seq + emitted
-        for position in range(len(seq), len(known)):
-            log.add(position, self.drafter.propose(known[:position], LOOKUP_TOKENS, self.settings.sampling, None,
-                                                   self.answer_start).tokens)
+        lookups = self.drafter.propose_each(known, len(seq), LOOKUP_TOKENS)  # [len(emitted)] lists
+        for offset, tokens in enumerate(lookups):
+            log.add(len(seq) + offset, tokens)
         log.settle(known)
+        return lookups[0] if lookups else None
 
     def _close_shadows(self) -> None:
         """The answer ended: what is still open matched every token it saw (at least one); count
