@@ -60,3 +60,51 @@ def test_paired_speedup_is_the_median_of_same_repeat_ratios():
     assert 44.0 / 50.0 == 0.88
     assert paired_speedup(ar, fast) == 2.0
     assert paired_speedup([], fast) is None
+
+
+class _StolenRuns:
+    """/proc/stat as the bench reads it: the cell's start, then a reading before and after each run
+    (100 ticks, of which the script's next number stolen), then the cell's end."""
+
+    def __init__(self, stolen_per_run: list[int]) -> None:
+        self.script, self.calls, self.now = iter(stolen_per_run), 0, (0, 0)
+
+    def __call__(self):
+        from engine.tools.host_load import CpuTimes
+
+        self.calls += 1
+        if self.calls > 1 and self.calls % 2 == 1:  # after a run
+            total, steal = self.now
+            self.now = (total + 100, steal + next(self.script))
+        return CpuTimes(*self.now)
+
+
+def test_a_repeat_the_host_stole_from_is_set_aside_and_run_again(tiny, sample_text, monkeypatch):
+    """--max-steal: the repeat measured while the hypervisor took half the CPU is run again, every
+    method of it alike; its times stay in the report, apart from the kept ones."""
+    import engine.tools.bench as bench
+
+    monkeypatch.setattr(bench, "read_cpu_times", _StolenRuns([0, 50, 1, 0, 0, 0]))  # per run, 100 ticks each
+    lines: list[str] = []
+    report = run_bench(tiny, sample_text, 600, 6, ["ar", "auto"], DecodeSettings(budget=64, chunk=16), "ngram",
+                       "continue", repeats=2, log=lines.append, max_steal=10.0)
+    runs = [line.split("] ")[1].split(":")[0] for line in lines if line.startswith("  [")]
+    assert runs == ["ar", "auto"] * 3  # three repeats ran, two were kept
+    assert sum("set aside" in line for line in lines) == 1
+    assert report["steal_percent_by_repeat"] == [1.0, 0.0] and report["steal_percent"] == 8.5  # 51 of 600
+    (aside,) = report["set_aside_repeats"]
+    assert aside["steal_percent"] == 50.0 and set(aside["ms_per_token"]) == {"ar", "auto"}
+    for r in report["results"]:
+        assert len(r["runs_ms_per_token"]) == 2 and len(report["steal_percent_by_repeat"]) == 2
+    assert "host steal 8.5 % (by repeat 1.0, 0.0); 1 repeats set aside at over 10.0 % steal (50.0)" in format_report(report)
+
+
+def test_set_aside_at_most_as_many_repeats_as_asked(tiny, sample_text, monkeypatch):
+    """A host busy all along: after `repeats` set aside, the next repeats are kept (and say so)."""
+    import engine.tools.bench as bench
+
+    monkeypatch.setattr(bench, "read_cpu_times", _StolenRuns([60] * 8))
+    report = run_bench(tiny, sample_text, 600, 4, ["ar"], DecodeSettings(budget=64, chunk=16), "ngram",
+                       "continue", repeats=2, log=lambda m: None, max_steal=10.0)
+    assert len(report["set_aside_repeats"]) == 2 and report["steal_percent_by_repeat"] == [60.0, 60.0]
+    assert len(report["results"][0]["runs_ms_per_token"]) == 2

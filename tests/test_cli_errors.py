@@ -39,6 +39,11 @@ def test_bad_settings_refused_before_anything_loads(flags, message, capsys) -> N
     assert capsys.readouterr().err == f"error: {message}\n"
 
 
+def test_bench_refuses_a_steal_share_out_of_range_before_loading(capsys) -> None:
+    assert main(["bench", "--model", "/no/such/model", "--max-steal", "150"]) == 2
+    assert capsys.readouterr().err == "error: --max-steal 150.0: give a share of the CPU in per cent, 0 to 99\n"
+
+
 def test_triforce_home_a_file_or_below_one(tmp_path, monkeypatch, capsys) -> None:
     (tmp_path / "f").write_text("x")
     for home, says in ((tmp_path / "f", "is a file, not a folder"), (tmp_path / "f" / "sub", "a part of that path is a file")):

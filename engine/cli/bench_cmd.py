@@ -27,6 +27,9 @@ def register(subparsers) -> None:
                              "time to first token on a document with and without its prefill snapshot, or passages: "
                              "time to first token on a whole play answered from its most relevant passages")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-steal", type=float, default=None, metavar="PERCENT",
+                        help="set aside and re-run a repeat during which the host (hypervisor) stole more than "
+                             "PERCENT of the CPU, at most --repeats extra times (Linux guests; default: keep all)")
     parser.add_argument("--json", metavar="OUT", default=None)
     add_decode_arguments(parser)
     parser.set_defaults(func=run)
@@ -41,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         raise InvalidSettingError(f"unknown method(s) {', '.join(unknown)}: use any of {', '.join(ALL_METHODS)}")
+    if args.max_steal is not None and not 0 <= args.max_steal < 100:
+        raise InvalidSettingError(f"--max-steal {args.max_steal}: give a share of the CPU in per cent, 0 to 99")
     try:
         contexts = [int(c) for c in args.context.split(",")]
     except ValueError as exc:
@@ -87,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
                                           f"{model.max_context}-token context: use a shorter context")
             settings = build_settings(argparse.Namespace(**{**vars(args), "max_new_tokens": args.new_tokens}), context)
             report = run_bench(model, text, context, args.new_tokens, methods, settings, draft, workload,
-                               args.repeats, log=log, peers=peers)
+                               args.repeats, log=log, peers=peers, max_steal=args.max_steal)
             report["date"] = time.strftime("%Y-%m-%d")
             print(format_report(report), flush=True)
             reports.append(report)

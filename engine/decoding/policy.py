@@ -46,6 +46,7 @@ from engine.decoding.lookup_replay import LOOKUP_TOKENS, LookupLog
 from engine.decoding.measurements import FORGET, Acceptance, StepCosts
 from engine.decoding.structure import Structure
 from engine.events import CandidateCost
+from engine.offload.cost import expected_tokens
 from engine.settings import MAX_DRAFT, DecodeSettings, Mode
 
 EXPLORE_CYCLES = 3
@@ -75,13 +76,6 @@ SURPRISE = 1.5  # a cycle over 1.5x its structure's predicted ms/token re-scores
 REPLAY_GAIN = 0.97
 L1_MAX_SHARE = 0.5  # under auto, L1 structures only while the retrieval cache holds < half the context
 SETUP_HORIZON = 64  # a retrieval cache built to switch to an L1 structure must pay for itself in 64 tokens
-
-
-def expected_tokens(acceptance: float, gamma: int) -> float:
-    """Tokens one verification of `gamma` drafts yields when each is accepted with prob `acceptance`
-    (accepted prefix + the correction/bonus token)."""
-    a = min(max(acceptance, 0.0), 0.999)
-    return (1.0 - a ** (gamma + 1)) / (1.0 - a)
 
 
 @dataclass

@@ -7,12 +7,9 @@ import json
 
 LAYER_SHAPE = "8 KV heads x 128, 32 query heads"  # Llama-3.1-8B's per-layer attention
 
+from engine.offload.cost import expected_tokens
 from engine.tools.gpu_check_setup import (ACCEPT_L0_L1, ACCEPT_L1_L2, BUDGET, CHUNK, GAMMA1, GAMMA2, PAPER_CONTEXT,
                                           PAPER_DRAFT, PAPER_MODEL, PAPER_MS)
-
-
-def expected_tokens(rate: float, gamma: int) -> float:
-    return (1 - rate ** (gamma + 1)) / (1 - rate)
 
 
 def compose(l0: float, l1: float, l2: float) -> dict:
