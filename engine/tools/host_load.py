@@ -2,8 +2,8 @@
 
 In a virtual machine, the hypervisor counts "steal" time: moments a virtual CPU was ready to run and
 the host ran something else. The load average inside the guest does not see it (the grid of
-2026-12-03 ran at load average 1.6-1.8 while `top` showed 29-32 % steal, and ar took 58-139 ms/token
-where it takes ~28 quiet). Linux reports it in /proc/stat; elsewhere there is nothing to read, and
+2026-12-03 ran at load average 1.2-1.3 while `top` showed 29-32 % steal, and ar took 43-139 ms/token
+at continue 1K-2K where it takes ~28-33 quiet). Linux reports it in /proc/stat; elsewhere there is nothing to read, and
 the share is None.
 """
 from __future__ import annotations
