@@ -199,14 +199,14 @@ class HierarchicalDecoder:
             if self.settings.mode == Mode.AUTO:
                 emitted = [token for token, _ in out]
                 first = self._log_lookups(seq, emitted)
-                if boundary != "l0_l2":
+                if first is not None and boundary != "l0_l2":
                     self._shadow_l0(seq, emitted, first)
                 self._settle_shadows(seq, emitted)
         return out
 
     SHADOW_TOKENS = 8  # tokens of a shadow lookup checked against what the target emits
 
-    def _shadow_l0(self, seq: list[int], emitted: list[int], lookup: list[int] | None = None) -> None:
+    def _shadow_l0(self, seq: list[int], emitted: list[int], lookup: list[int]) -> None:
         """Score an n-gram drafter against a cycle it took no part in, for free: what it would have
         proposed from `seq`, checked against the tokens the target emits from there on, in this
         cycle and the next ones (_settle_shadows). A deterministic draft is accepted exactly when
@@ -216,12 +216,8 @@ class HierarchicalDecoder:
         at continue 2K an answer stayed on ar for 30 cycles while copies that draft-only runs at
         2-3 tokens a cycle went by.) draft-only's estimate then stays current while another
         structure runs, and needs no exploration cycles of its own. The output is untouched: the
-        lookup draws nothing and comes after the cycle. `lookup`: what the drafter proposes from
-        `seq` (the lookup log's first entry of this cycle), if already asked."""
-        if self.drafter.runs_model or isinstance(self.drafter, NoDrafter):
-            return
-        if lookup is None:
-            lookup = self.drafter.propose(seq, self.SHADOW_TOKENS, self.settings.sampling, None, self.answer_start).tokens
+        lookup draws nothing and comes after the cycle. `lookup`: what the n-gram drafter proposes
+        from `seq`, the lookup log's first entry of this cycle (_log_lookups)."""
         tokens = lookup[:self.SHADOW_TOKENS]
         if not tokens:
             self.policy.observe("l0_l2", 0, 0)  # an empty lookup: counts against the hit rate
