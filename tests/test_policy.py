@@ -535,3 +535,29 @@ def test_setting_up_the_retrieval_cache_is_not_charged_to_the_cycle_that_needed_
     answer_tokens(session, [ChatMessage("user", "Repeat the first line of the play.")], doc)
     assert decoder.rebuilds >= 1 and Mode.RETRIEVAL_ONLY in [m for m, _ in walls]
     assert max(seconds for _, seconds in walls) < 0.3, walls
+
+
+def test_an_interrupted_exploration_is_not_resumed_in_a_later_turn():
+    """A structure's exploration is one run of consecutive cycles. Once a scoring leaves it, a new
+    turn does not re-open it, even when its L1 costs were forgotten (choose_budget does that when it
+    resizes the retrieval cache) and the prior prices it within the exploration margin again: at
+    continue 1K that re-opening cost a retrieval cache rebuilt for one triforce cycle."""
+    p = Policy()
+    for n in range(1, 14):
+        p.costs.record("l2", n, 0.100 + 0.015 * (n - 1))
+    for _ in range(200):
+        p.observe("l0_l2", 4, 2)
+    for m in (Mode.AR, Mode.DRAFT_ONLY, Mode.RETRIEVAL_ONLY):
+        p.tried[m] = EXPLORE_CYCLES
+    first = p.choose(AUTO, has_l0=True, context_tokens=8000)
+    assert first.mode is Mode.TRIFORCE  # never measured, priced by the optimistic prior
+    for n in range(1, 14):
+        p.costs.record("l1", n, 3 * (0.100 + 0.015 * (n - 1)))  # L1 timed at 3x L2's (a loaded spell)
+    p.observe("l0_l1", first.gamma1, first.gamma1)  # its drafts held: only its cost is bad
+    p.observe("l1_l2", first.gamma2, first.gamma2)
+    left = p.choose(AUTO, has_l0=True, context_tokens=8000)
+    assert left.mode is not Mode.TRIFORCE
+    p.costs.forget("l1")  # as choose_budget does on a new budget: the prior is optimistic again
+    p.new_turn()
+    for _ in range(8):
+        assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is not Mode.TRIFORCE

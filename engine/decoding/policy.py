@@ -151,7 +151,9 @@ class Policy:
         self._settled = False
         for ms, s in scored:  # bounded exploration of structures never measured
             if self.tried.get(s.mode, 0) < EXPLORE_CYCLES and not self._explored(s.mode) and ms <= EXPLORE_MARGIN * best_ms:
+                self._close_explorations(but=s.mode)
                 return self._ran(s)
+        self._close_explorations()
         self._settled = True
         if (Mode.AR in modes and self.current is not None and self.current.mode is not Mode.AR
                 and self._since_ar >= AR_RETIME):
@@ -222,6 +224,17 @@ class Policy:
         if {best.mode, current.mode} == {Mode.AR, Mode.DRAFT_ONLY} and self.lookups.ready():
             return REPLAY_GAIN
         return SPECULATION_GAIN if current.mode is Mode.AR else SWITCH_GAIN
+
+    def _close_explorations(self, but: Mode | None = None) -> None:
+        """A structure's exploration is one run of consecutive cycles: once a scoring leaves it
+        (out of EXPLORE_MARGIN, or another structure's turn), it is over for the session, and the
+        structure is judged by its measurements and the model from then on. (Else a new turn re-opened
+        it: at continue 1K, triforce ran two cycles at 16 ms/token beside draft-only's 8-9, and its
+        third came in the next answer, after a retrieval cache rebuilt for that one cycle, 161 ms for
+        2 tokens.)"""
+        for mode, cycles in self.tried.items():
+            if mode is not but and 0 < cycles < EXPLORE_CYCLES:
+                self.tried[mode] = EXPLORE_CYCLES
 
     def _probe(self, chosen: Structure) -> Structure:
         """Run `chosen` for one cycle, to measure it; the next choice weighs what it interrupted."""
