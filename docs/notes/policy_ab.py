@@ -11,6 +11,8 @@ pairs scored; its step costs take a new size's first sample whole; only the fast
 draft-only priced by the acceptance model, as before the fourteenth pass: its lookup log never
 counts as ready), `auto-censored` (the shipped policy with
 the shadow lookups of before the thirteenth pass: checked against the cycle's own tokens only),
+`auto-reopen` (the shipped policy with an interrupted exploration re-opened by a later scoring, as
+before the seventeenth pass),
 `auto-s4` (ar priced from its step-cost
 table and its mode's wall/model ratio, never re-timed beside a speculative structure: the policy
 of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-min` (re-timed, priced at the lower of auto's price and auto-median3's), `auto-median3` (ar priced at the
@@ -176,6 +178,13 @@ class PrevPolicy(P.Policy):
         return min(scored, key=lambda x: x[0]) if scored else (None, grid[0])
 
 
+class ReopenPolicy(P.Policy):
+    """Before the seventeenth pass: an interrupted exploration is re-opened by a later scoring."""
+
+    def _close_explorations(self, but=None):
+        pass
+
+
 class OldPolicy(RatioPolicy):
     """...and one wall/model ratio per mode."""
 
@@ -194,13 +203,15 @@ def main() -> None:
     for workload in workloads:
         for context in contexts:
             prompt = build_prompt(model, sample_text(), context, workload)
+            chunk = base.chunk  # the bench's retrieval budget: ~1/8 of the context (engine/cli/chat_cmd.build_settings)
+            base = base.replace(budget=max(2 * chunk, min(4096, (context // 8) // chunk * chunk)))
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + new_tokens + 64)
             policies = {"auto": P.Policy(), "auto-prev": PrevPolicy(), "auto-noreplay": P.Policy(lookups=UnreadyLog()), "auto-censored": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
-                        "auto-ratio": RatioPolicy(costs=LineCosts())}
+                        "auto-ratio": RatioPolicy(costs=LineCosts()), "auto-reopen": ReopenPolicy()}
             shadow = session.decoder._shadow_l0
             dec = session.decoder
 
-            def censored_shadow(seq, emitted):  # the shadow lookups before the thirteenth pass
+            def censored_shadow(seq, emitted, lookup=None):  # the shadow lookups before the thirteenth pass
                 draft = dec.drafter.propose(seq, dec.SHADOW_TOKENS, dec.settings.sampling, None, dec.answer_start)
                 dec.policy.observe("l0_l2", min(len(draft.tokens), len(emitted)), common_prefix(draft.tokens, emitted))
             runs, tokens, structures = collections.defaultdict(list), {}, collections.defaultdict(list)
@@ -208,7 +219,7 @@ def main() -> None:
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-prev", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3") \
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-prev", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3", "auto-reopen") \
                             else censored_shadow if method == "auto-censored" else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))
