@@ -31,6 +31,7 @@ import sys
 
 import torch
 
+from engine.cli.chat_cmd import default_budget
 from engine.decoding import measurements as M
 from engine.decoding import policy as P
 from engine.decoding.drafters import common_prefix
@@ -203,8 +204,7 @@ def main() -> None:
     for workload in workloads:
         for context in contexts:
             prompt = build_prompt(model, sample_text(), context, workload)
-            chunk = base.chunk  # the bench's retrieval budget: ~1/8 of the context (engine/cli/chat_cmd.build_settings)
-            base = base.replace(budget=max(2 * chunk, min(4096, (context // 8) // chunk * chunk)))
+            base = base.replace(budget=default_budget(context, base.chunk))  # the bench's retrieval budget
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + new_tokens + 64)
             policies = {"auto": P.Policy(), "auto-prev": PrevPolicy(), "auto-noreplay": P.Policy(lookups=UnreadyLog()), "auto-censored": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
                         "auto-ratio": RatioPolicy(costs=LineCosts()), "auto-reopen": ReopenPolicy()}

@@ -37,15 +37,19 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--auto", action="store_true", help="with a fixed --mode: tune its gamma1/gamma2 online")
 
 
+def default_budget(context_tokens: int, chunk: int) -> int:
+    """The retrieval budget when none is given: ~1/8 of the context, a whole number of chunks, at
+    least two chunks and at most 4096 tokens (the CLI, the bench and the notes' A/B scripts)."""
+    return max(2 * chunk, min(4096, (context_tokens // 8) // chunk * chunk))
+
+
 def build_settings(args: argparse.Namespace, context_tokens: int, recommended: Sampling | None = None) -> DecodeSettings:
     """Settings from CLI args; the retrieval budget defaults to ~1/8 of the context, multiple of chunk.
     Sampling flags left out take `recommended` (the model's, see recommended_sampling)."""
     chunk = args.chunk
     if not 1 <= chunk <= 1024:  # checked before the budget is sized from it (chunk 0 divided by zero)
         raise InvalidSettingError(f"--chunk {chunk} is out of range: use 1 to 1024 tokens")
-    budget = args.budget
-    if budget is None:
-        budget = max(2 * chunk, min(4096, (context_tokens // 8) // chunk * chunk))
+    budget = default_budget(context_tokens, chunk) if args.budget is None else args.budget
     defaults = DecodeSettings()
     settings = DecodeSettings(
         mode=args.mode, budget=budget, chunk=chunk,  # an explicit 0 is refused by validate(), never replaced
