@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
+from engine import native
 from engine.errors import ContextOverflowError
 from engine.kv.full import FullCache
 from engine.kv.offload import OffloadedCache
@@ -167,3 +168,21 @@ def test_a_full_cache_refuses_to_overflow(kind: Kind):
     room = cache.capacity - cache.length
     with pytest.raises(ContextOverflowError):
         cache.begin(torch.arange(8, 8 + room + 1), ROPE)
+
+
+@pytest.mark.skipif(not native.available(), reason="the native kernels were not built here")
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_a_retrieval_cache_holding_everything_attends_with_l2s_bits(kv_dtype):
+    """Where the full cache attends through the native kernel, L1 does too, over the values as L2
+    stores them: holding every token (budget >= context), its forward gives L2's bits exactly (it
+    ran the batched matmuls before, 2x slower at ~1K keys and not bit-equal)."""
+    prefix = [_qkv(12, seed=1), _qkv(8, seed=2)]
+    full = _full_with(prefix, FullCache(LAYERS, HKV, D, CAP, torch.float32, "cpu", kv_dtype=kv_dtype))
+    retrieval = full.retrieval(HQ, budget=32, chunk=4, headroom=24)
+    retrieval.rebuild(list(full.last_query))
+    assert retrieval.keys[0].dtype == full.keys[0].dtype == kv_dtype
+    step = _qkv(3, seed=5)
+    from_l1 = _forward(KINDS_BY_NAME["retrieval"], retrieval, 20, step)
+    from_l2 = _forward(KINDS_BY_NAME["full"], full, 20, step)
+    for a, b in zip(from_l1, from_l2):
+        assert torch.equal(a, b)

@@ -149,6 +149,17 @@ def test_a_switch_to_retrieval_pays_for_building_its_cache(setup_s, expect):
     assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is Mode.RETRIEVAL_ONLY
 
 
+def test_a_cache_build_is_charged_over_the_tokens_the_answer_has_left():
+    """The retrieval cache serves one prompt: with 4 tokens left in the answer, a 0.64 s build is
+    160 ms per token, and ar stays (at qa 4K auto built one for the last 2 cycles of an answer)."""
+    p = _measured_policy(l0_l2=0.05, l1_l2=0.9, l0_l1=0.05, l1_share=0.3)
+    p.l1_setup(0.64)
+    p.new_turn()
+    assert p.choose(AUTO, has_l0=True, context_tokens=8000, remaining=4).mode is Mode.AR
+    p._settled = False
+    assert p.choose(AUTO, has_l0=True, context_tokens=8000, remaining=400).mode is Mode.RETRIEVAL_ONLY
+
+
 def test_one_slow_ar_cycle_moves_ars_price_a_few_per_cent():
     """At qa 2K one ar cycle ran 117 ms against ~25 quiet and moved ar's price from 23 to 39 ms,
     and auto left ar for triforce (33-35 ms/token). The step-cost table and ar's wall/model ratio

@@ -104,6 +104,7 @@ class Policy:
     lookups: LookupLog = field(default_factory=LookupLog)  # n-gram lookups at every position, for the replay
     setup_s: float | None = None  # seconds to build the retrieval cache for a prompt (moving average)
     _l1_live: bool = False  # an L1 structure ran in this turn: its retrieval cache is built
+    _remaining: int | None = None  # the most tokens the answer may still yield (choose's argument)
 
     def new_turn(self) -> None:
         """A new prompt: score afresh at the next cycle (an L1 structure must first build its cache)."""
@@ -118,11 +119,13 @@ class Policy:
         self.acceptance[boundary].add(proposed, accepted)
 
     def choose(self, settings: DecodeSettings, has_l0: bool, context_tokens: int,
-               budget: int | None = None) -> Structure:
+               budget: int | None = None, remaining: int | None = None) -> Structure:
         """The structure for the next cycle (`settings.mode` fixed: that mode, gammas tuned if
-        settings.auto). `budget`: the retrieval budget in force (None: the settings')."""
+        settings.auto). `budget`: the retrieval budget in force (None: the settings'); `remaining`:
+        the most tokens this answer may still yield (None: unknown)."""
         mode = Mode.of(settings.mode)
         self._memo.clear()
+        self._remaining = remaining
         if self.forced:
             chosen = self.forced.pop(0)
             self.forced.append(chosen)
@@ -213,11 +216,15 @@ class Policy:
 
     def _switch_cost(self, s: Structure) -> float:
         """Seconds per token a switch to `s` adds: an L1 structure whose cache is not built for this
-        prompt pays the build (300-700 ms at 8K), spread over SETUP_HORIZON tokens. (Left out, auto
-        at qa 8K went back to retrieval-only and triforce, each time rebuilding, where ar was faster.)"""
+        prompt pays the build (300-700 ms at 8K), spread over SETUP_HORIZON tokens, or over the
+        tokens this answer has left if fewer (the cache serves one prompt). (Left out, auto at qa 8K
+        went back to retrieval-only and triforce, each time rebuilding, where ar was faster; spread
+        over 64 tokens with 6 left, at qa 4K it switched to retrieval-only for the last 2 cycles,
+        211 and 146 ms for 4 tokens each beside ar's 33.)"""
         if not s.mode.uses_l1 or self._l1_live or self.setup_s is None:
             return 0.0
-        return self.setup_s / SETUP_HORIZON
+        horizon = SETUP_HORIZON if self._remaining is None else max(1, min(SETUP_HORIZON, self._remaining))
+        return self.setup_s / horizon
 
     def _gain(self, best: Structure, current: Structure) -> float:
         """The predicted share of `current`'s ms/token that `best` must reach to replace it."""

@@ -161,7 +161,8 @@ class HierarchicalDecoder:
 
     def _choose(self, seq: list[int]) -> Structure:
         has_l0 = not isinstance(self.drafter, NoDrafter)
-        st = self.policy.choose(self.settings, has_l0, len(seq), self.budget())
+        left = None if self.answer_start is None else self.settings.max_new_tokens - (len(seq) - self.answer_start)
+        st = self.policy.choose(self.settings, has_l0, len(seq), self.budget(), remaining=left)
         if len(seq) + st.speculation_tokens() > self.full.capacity:  # the last tokens of a full cache
             st = Structure(Mode.AR)
         if self.structure is not None and st.mode is not self.structure.mode:

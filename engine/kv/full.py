@@ -62,10 +62,11 @@ class FullCache(KVCache):
         self._invariant = self.exact and self._new <= MAX_ROWS
         self._mask = None if self._invariant else causal_mask(self._new, self.length + self._new, self.device)
         self._hidden = None  # the exact kernel's mask, built at the first layer
+        self._fast_rope = native.available()  # looked up once a forward, not twice a layer
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        q = rotate(q, self._cos, self._sin)  # [Hq, T, D]
-        k = rotate(k, self._cos, self._sin)  # [Hkv, T, D]
+        q = rotate(q, self._cos, self._sin, self._fast_rope)  # [Hq, T, D]
+        k = rotate(k, self._cos, self._sin, self._fast_rope)  # [Hkv, T, D]
         start, stop = self.length, self.length + self._new
         self.keys[layer][:, start:stop] = k
         self.values[layer][:, start:stop] = v
