@@ -98,8 +98,9 @@ def test_a_verification_row_has_the_bits_of_a_one_token_step(held, new):
 @pytest.mark.parametrize("heads,n_kv,dim", [(8, 2, 40), (4, 1, 128), (6, 6, 24), (12, 3, 72)])
 @pytest.mark.parametrize("half", [False, True])
 def test_a_rows_bits_do_not_depend_on_the_rows_attended_with_it(heads, n_kv, dim, half):
-    """The kernel attends rows in groups of three (one widening of each K/V chunk for all of them);
-    which rows share a group changes with the number of new tokens, the bits of a row must not."""
+    """The kernel attends rows in groups of three, six with 512-bit vectors (one widening of each K/V
+    chunk for all of them); which rows share a group changes with the number of new tokens, the bits
+    of a row must not."""
     held, new = 45, 5
     total = held + new
     keys, values = _kv(n_kv, _buffer(total), dim, seed=dim)
@@ -204,3 +205,36 @@ def test_the_runners_cpu_cache_stores_float16_and_prefills_from_it():
     torch.testing.assert_close(cache.values[0][:, :100].float(), v, rtol=1e-3, atol=1e-3)
     plain = FullCache(2, 3, 64, capacity=300, dtype=torch.float32, device="cpu", exact=False, kv_dtype=torch.float16)
     assert plain.kv_dtype == torch.float32  # only where the native kernel reads it
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif(not {"avx512f", "avx512dq"} <= set(_cpu_flags().split()),
+                    reason="no AVX-512 here: the 8-lane attention is the only one built")
+def test_the_512_bit_attention_gives_the_8_lane_bits(tmp_path):
+    """Where the compiler targets AVX-512, attention runs two 8-lane registers' work in each 512-bit
+    one, lane for lane in the same order, and groups six rows: the same bits as the 8-lane build of
+    the same source, so the target decodes alike with and without AVX-512."""
+    compiler = native._compiler()
+    narrow = tmp_path / "narrow.so"
+    assert native._build(compiler, narrow, ["-O3", "-march=native", "-mno-avx512f", "-fopenmp"])
+    lib = native._declare(__import__("ctypes").CDLL(str(narrow)))
+    for heads, n_kv, dim, half in [(9, 3, 64, True), (9, 3, 64, False), (4, 1, 128, True), (12, 3, 72, True),
+                                   (8, 2, 40, False)]:
+        for held, new in [(0, 1), (45, 5), (700, 8), (1500, 3)]:
+            total = held + new
+            keys, values = _kv(n_kv, _buffer(total), dim, seed=held)
+            if half:
+                keys, values = keys.half(), values.half()
+            q = torch.randn(heads, new, dim, generator=torch.Generator().manual_seed(dim))
+            wide = native.attention(q, keys, values, total)
+            out = torch.empty_like(q)
+            assert lib.triforce_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), int(half), keys.shape[1],
+                                          heads, n_kv, new, dim, total, dim ** -0.5, out.data_ptr(), 2) == 0
+            assert torch.equal(out, wide), (heads, n_kv, dim, half, held, new)
