@@ -297,6 +297,32 @@ static inline v8f exp_neg(v8f x) {
 
 static inline float exp_neg1(float x) { return exp_neg(splat(x))[0]; }
 
+#ifdef __AVX512F__
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+static inline v16f splat16(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+/* exp_neg on 16 lanes: the same operations on each lane (two 8-lane calls' bits in one) */
+static inline v16f exp_neg16(v16f x) {
+    const v16i gt = x > splat16(-87.0f);
+    x = (v16f)((gt & (v16i)x) | (~gt & (v16i)splat16(-87.0f)));
+    const v16f magic = splat16(12582912.0f);
+    v16f n = (x * splat16(1.44269504088896341f) + magic) - magic;
+    v16f r = (x - n * splat16(0.693359375f)) - n * splat16(-2.12194440e-4f);
+    v16f p = splat16(1.9875691500e-4f);
+    p = p * r + splat16(1.3981999507e-3f);
+    p = p * r + splat16(8.3334519073e-3f);
+    p = p * r + splat16(4.1665795894e-2f);
+    p = p * r + splat16(1.6666665459e-1f);
+    p = p * r + splat16(5.0000001201e-1f);
+    p = p * r * r + r + splat16(1.0f);
+    v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
+    v16f scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+#endif
+
 
 /* [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7] (x86's hadd) */
 static inline v8f pair_sums(v8f a, v8f b) {
@@ -325,9 +351,10 @@ static inline __attribute__((always_inline)) v8f kv8(const void *base, int64_t i
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 /* 512-bit registers holding what two 8-lane ones held, so each FMA does the work of two and every
  * lane computes what the 8-lane code computes, in the same order: the same bits. With 32 registers,
- * groups of 6 rows (two tokens of a 3-query-head GQA group) share each widened K/V chunk. Against
- * the 8-lane code in groups of 3 (docs/notes/cpu-speed.md), per layer over 4K keys: 1 token 0.246
- * -> 0.215 ms, 2 tokens 0.441 -> 0.328, 8 tokens 1.508 -> 1.073. */
+ * groups of 6 rows (two tokens of a 3-query-head GQA group) share each widened K/V chunk, a block's
+ * 8 keys are summed (lane_sums' tree) in 4 registers rather than 8, and exp runs 16 lanes at a time.
+ * Against the 8-lane code (docs/notes/cpu-speed.md, "Eighteenth pass"), per layer over 4K keys:
+ * 1 token 0.205 -> 0.155 ms, 2 tokens 0.364 -> 0.231, 4 tokens 0.653 -> 0.401. */
 #define WIDE_ATTENTION 1
 #define ROW_GROUP 6
 #else
@@ -353,8 +380,18 @@ static inline __attribute__((always_inline)) __m512 kv16(const void *base, int64
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx)));
 }
 
-static inline v8f low8(__m512 x) { return (v8f)_mm512_castps512_ps256(x); }
-static inline v8f high8(__m512 x) { return (v8f)_mm512_extractf32x8_ps(x, 1); }
+/* pair_sums on both halves at once: [pair_sums(a.lo, b.lo) | pair_sums(a.hi, b.hi)] */
+static inline __m512 pair_sums2(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+/* lane_sums of the 8 keys held as z[p] = [key p | key p + 4]: the same tree, both halves at once */
+static inline v8f lane_sums2(const __m512 z[4]) {
+    const __m512 u = pair_sums2(pair_sums2(z[0], z[1]), pair_sums2(z[2], z[3]));  /* [u0 | u1] */
+    const __m512 lo = _mm512_shuffle_f32x4(u, u, 0x88);  /* 128-bit lanes u0.0, u1.0, u0.0, u1.0 -> [u0.0 u1.0] */
+    const __m512 hi = _mm512_shuffle_f32x4(u, u, 0xDD);  /* [u0.1 u1.1] */
+    return (v8f)_mm512_castps512_ps256(_mm512_add_ps(lo, hi));
+}
 #endif
 
 /* A group of nr rows over the first n[r] keys of one block (kb/vb: its BLOCK_KEYS keys and values,
@@ -369,26 +406,21 @@ static inline __attribute__((always_inline)) void attend_group(const int nr, con
                                                                float *const acc[ROW_GROUP]) {
     float s[ROW_GROUP][BLOCK_KEYS], e[ROW_GROUP][BLOCK_KEYS];
     for (int j0 = 0; j0 < BLOCK_KEYS; j0 += 8) {  /* scores, two keys at a time for every row */
-        v8f a[ROW_GROUP][8];
 #ifdef WIDE_ATTENTION
-        {  /* all 8 keys at once, two to a register: lanes 0-7 key j, lanes 8-15 key j + 1 */
-            __m512 x[ROW_GROUP][4];
-            for (int r = 0; r < nr; r++) x[r][0] = x[r][1] = x[r][2] = x[r][3] = _mm512_setzero_ps();
-            for (int64_t c = 0; c < dim; c += 8) {
-                __m512 k[4];
-                for (int p = 0; p < 4; p++) k[p] = kv_pair(kb, (j0 + 2 * p) * dim + c, (j0 + 2 * p + 1) * dim + c, half);
-                for (int r = 0; r < nr; r++) {
-                    const __m512 qc = _mm512_broadcast_f32x8(_mm256_loadu_ps(qs[r] + c));
-                    for (int p = 0; p < 4; p++) x[r][p] = _mm512_fmadd_ps(qc, k[p], x[r][p]);
-                }
+        /* all 8 keys at once, two to a register: lanes 0-7 key p, lanes 8-15 key p + 4 */
+        __m512 x[ROW_GROUP][4];
+        for (int r = 0; r < nr; r++) x[r][0] = x[r][1] = x[r][2] = x[r][3] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < dim; c += 8) {
+            __m512 k[4];
+            for (int p = 0; p < 4; p++) k[p] = kv_pair(kb, (j0 + p) * dim + c, (j0 + p + 4) * dim + c, half);
+            for (int r = 0; r < nr; r++) {
+                const __m512 qc = _mm512_broadcast_f32x8(_mm256_loadu_ps(qs[r] + c));
+                for (int p = 0; p < 4; p++) x[r][p] = _mm512_fmadd_ps(qc, k[p], x[r][p]);
             }
-            for (int r = 0; r < nr; r++)
-                for (int p = 0; p < 4; p++) {
-                    a[r][2 * p] = low8(x[r][p]);
-                    a[r][2 * p + 1] = high8(x[r][p]);
-                }
         }
+        for (int r = 0; r < nr; r++) store8(s[r] + j0, lane_sums2(x[r]));
 #else
+        v8f a[ROW_GROUP][8];
         for (int j = 0; j < 8; j += 2) {
             v8f x0[ROW_GROUP], x1[ROW_GROUP];
             for (int r = 0; r < nr; r++) x0[r] = x1[r] = splat(0.0f);
@@ -405,8 +437,8 @@ static inline __attribute__((always_inline)) void attend_group(const int nr, con
                 a[r][j + 1] = x1[r];
             }
         }
-#endif
         for (int r = 0; r < nr; r++) store8(s[r] + j0, lane_sums(a[r]));
+#endif
     }
     int most = 0;
     for (int r = 0; r < nr; r++) {  /* each row's softmax update */
@@ -424,7 +456,16 @@ static inline __attribute__((always_inline)) void attend_group(const int nr, con
             for (int64_t i = 0; i < dim; i += 8) store8(acc[r] + i, load8(acc[r] + i) * splat(c));
             *m[r] = block_max;
         }
+#ifdef WIDE_ATTENTION
+        for (int j = 0; j < BLOCK_KEYS; j += 16) {
+            v16f x;
+            memcpy(&x, sr + j, sizeof x);
+            x = exp_neg16(x - splat16(*m[r]));
+            memcpy(er + j, &x, sizeof x);
+        }
+#else
         for (int j = 0; j < BLOCK_KEYS; j += 8) store8(er + j, exp_neg(load8(sr + j) - splat(*m[r])));
+#endif
         for (int j = n[r]; j < BLOCK_KEYS; j++) er[j] = 0.0f;  /* adds exactly nothing below */
         v8f esum = load8(er);
         for (int j = 8; j < BLOCK_KEYS; j += 8) esum += load8(er + j);
