@@ -276,24 +276,28 @@ void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t
 #define SEGMENT 512
 #define BLOCK_KEYS 32
 
-/* exp(x) for x <= 0 (scores minus their running max), Cephes' polynomial on [-ln2/2, ln2/2] */
-static inline v8f exp_neg(v8f x) {
-    x = vmax(x, splat(-87.0f));
-    const v8f magic = splat(12582912.0f);  /* 1.5 * 2^23: adding it rounds to an integer */
-    v8f n = (x * splat(1.44269504088896341f) + magic) - magic;
-    v8f r = (x - n * splat(0.693359375f)) - n * splat(-2.12194440e-4f);
-    v8f p = splat(1.9875691500e-4f);
-    p = p * r + splat(1.3981999507e-3f);
-    p = p * r + splat(8.3334519073e-3f);
-    p = p * r + splat(4.1665795894e-2f);
-    p = p * r + splat(1.6666665459e-1f);
-    p = p * r + splat(5.0000001201e-1f);
-    p = p * r * r + r + splat(1.0f);
-    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-    v8f scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+/* exp(x) for x <= 0 (scores minus their running max), Cephes' polynomial on [-ln2/2, ln2/2]; one
+ * body for 8 and 16 lanes, so each lane runs the same operations (the same bits) in both */
+#define EXP_NEG(NAME, VF, VI, SPLAT) \
+static inline VF NAME(VF x) { \
+    const VI gt = x > SPLAT(-87.0f); \
+    x = (VF)((gt & (VI)x) | (~gt & (VI)SPLAT(-87.0f))); \
+    const VF magic = SPLAT(12582912.0f);  /* 1.5 * 2^23: adding it rounds to an integer */ \
+    VF n = (x * SPLAT(1.44269504088896341f) + magic) - magic; \
+    VF r = (x - n * SPLAT(0.693359375f)) - n * SPLAT(-2.12194440e-4f); \
+    VF p = SPLAT(1.9875691500e-4f); \
+    p = p * r + SPLAT(1.3981999507e-3f); \
+    p = p * r + SPLAT(8.3334519073e-3f); \
+    p = p * r + SPLAT(4.1665795894e-2f); \
+    p = p * r + SPLAT(1.6666665459e-1f); \
+    p = p * r + SPLAT(5.0000001201e-1f); \
+    p = p * r * r + r + SPLAT(1.0f); \
+    VI bits = (__builtin_convertvector(n, VI) + 127) << 23; \
+    VF scale; \
+    memcpy(&scale, &bits, sizeof scale); \
+    return p * scale; \
 }
+EXP_NEG(exp_neg, v8f, v8i, splat)
 
 static inline float exp_neg1(float x) { return exp_neg(splat(x))[0]; }
 
@@ -301,26 +305,7 @@ static inline float exp_neg1(float x) { return exp_neg(splat(x))[0]; }
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 static inline v16f splat16(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-
-/* exp_neg on 16 lanes: the same operations on each lane (two 8-lane calls' bits in one) */
-static inline v16f exp_neg16(v16f x) {
-    const v16i gt = x > splat16(-87.0f);
-    x = (v16f)((gt & (v16i)x) | (~gt & (v16i)splat16(-87.0f)));
-    const v16f magic = splat16(12582912.0f);
-    v16f n = (x * splat16(1.44269504088896341f) + magic) - magic;
-    v16f r = (x - n * splat16(0.693359375f)) - n * splat16(-2.12194440e-4f);
-    v16f p = splat16(1.9875691500e-4f);
-    p = p * r + splat16(1.3981999507e-3f);
-    p = p * r + splat16(8.3334519073e-3f);
-    p = p * r + splat16(4.1665795894e-2f);
-    p = p * r + splat16(1.6666665459e-1f);
-    p = p * r + splat16(5.0000001201e-1f);
-    p = p * r * r + r + splat16(1.0f);
-    v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
-    v16f scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
+EXP_NEG(exp_neg16, v16f, v16i, splat16)
 #endif
 
 
