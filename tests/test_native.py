@@ -63,9 +63,10 @@ def test_a_weight_row_has_the_same_bits_whatever_the_number_of_tokens(kind):
             assert torch.equal(got, alone[start:start + size]), f"{size} tokens from {start}"
 
 
-def _kv(n_kv: int, positions: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _kv(n_kv: int, positions: int, dim: int, seed: int = 0, half: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(n_kv, positions, dim, generator=gen), torch.randn(n_kv, positions, dim, generator=gen)
+    keys, values = torch.randn(n_kv, positions, dim, generator=gen), torch.randn(n_kv, positions, dim, generator=gen)
+    return (keys.half(), values.half()) if half else (keys, values)
 
 
 def _buffer(total: int) -> int:
@@ -103,9 +104,7 @@ def test_a_rows_bits_do_not_depend_on_the_rows_attended_with_it(heads, n_kv, dim
     of a row must not."""
     held, new = 45, 5
     total = held + new
-    keys, values = _kv(n_kv, _buffer(total), dim, seed=dim)
-    if half:
-        keys, values = keys.half(), values.half()
+    keys, values = _kv(n_kv, _buffer(total), dim, seed=dim, half=half)
     q = torch.randn(heads, new, dim, generator=torch.Generator().manual_seed(heads))
     together = native.attention(q, keys, values, total)
     for i in range(new):
@@ -146,7 +145,7 @@ def test_the_cpu_full_cache_decodes_and_verifies_through_the_native_kernel():
     outs = {}
     for step in (new, 1):
         cache = FullCache(1, 3, 64, capacity=prefix + new, dtype=torch.float32, device="cpu")
-        assert cache._native
+        assert cache.native_attention
         cache.begin(torch.arange(prefix), rope)
         cache.attend(0, q[:, :prefix], k[:, :prefix], v[:, :prefix])
         cache.end()
@@ -229,9 +228,7 @@ def test_the_512_bit_attention_gives_the_8_lane_bits(tmp_path):
                                    (8, 2, 40, False)]:
         for held, new in [(0, 1), (45, 5), (700, 8), (1500, 3)]:
             total = held + new
-            keys, values = _kv(n_kv, _buffer(total), dim, seed=held)
-            if half:
-                keys, values = keys.half(), values.half()
+            keys, values = _kv(n_kv, _buffer(total), dim, seed=held, half=half)
             q = torch.randn(heads, new, dim, generator=torch.Generator().manual_seed(dim))
             wide = native.attention(q, keys, values, total)
             out = torch.empty_like(q)

@@ -28,7 +28,7 @@ for name, ok in (("native", True), ("matmuls", False)):
     r = full.retrieval(runner.arch.n_heads, budget, base.chunk, base.retrieval_headroom())
     native.attention_supports = real
     r.rebuild(dec._prompt_query)
-    assert r._native == ok
+    assert r._native == ok  # the cache took the path asked for
     caches[name] = r
 times = {(n, T): [] for n in caches for T in (1, 2, 3)}
 for rep in range(15):

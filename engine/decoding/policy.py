@@ -104,7 +104,6 @@ class Policy:
     lookups: LookupLog = field(default_factory=LookupLog)  # n-gram lookups at every position, for the replay
     setup_s: float | None = None  # seconds to build the retrieval cache for a prompt (moving average)
     _l1_live: bool = False  # an L1 structure ran in this turn: its retrieval cache is built
-    _remaining: int | None = None  # the most tokens the answer may still yield (choose's argument)
 
     def new_turn(self) -> None:
         """A new prompt: score afresh at the next cycle (an L1 structure must first build its cache)."""
@@ -121,11 +120,10 @@ class Policy:
     def choose(self, settings: DecodeSettings, has_l0: bool, context_tokens: int,
                budget: int | None = None, remaining: int | None = None) -> Structure:
         """The structure for the next cycle (`settings.mode` fixed: that mode, gammas tuned if
-        settings.auto). `budget`: the retrieval budget in force (None: the settings'); `remaining`:
-        the most tokens this answer may still yield (None: unknown)."""
+        settings.auto). `budget`: the retrieval budget (None: the settings'); `remaining`: tokens
+        this answer may still yield (None: unknown)."""
         mode = Mode.of(settings.mode)
         self._memo.clear()
-        self._remaining = remaining
         if self.forced:
             chosen = self.forced.pop(0)
             self.forced.append(chosen)
@@ -146,7 +144,7 @@ class Policy:
             return self._ran(self.current)
         self._since_score, self._scored_rates = 1, rates
         scored = [self._best_of(m, settings) for m in modes]
-        scored = [(ms + self._switch_cost(s), s) for ms, s in scored if ms is not None]
+        scored = [(ms + self._switch_cost(s, remaining), s) for ms, s in scored if ms is not None]
         if not scored:  # nothing timed yet: one plain step measures the target
             return self._ran(Structure(Mode.AR) if mode is Mode.AUTO else Structure(mode, settings.gamma1, settings.gamma2))
         self.candidates = tuple(CandidateCost(s.label, ms * 1000.0, self._explored(s.mode)) for ms, s in scored)
@@ -214,16 +212,14 @@ class Policy:
             self.costs.forget("l1")  # L1's cost changes with its size: measure it again
         return new
 
-    def _switch_cost(self, s: Structure) -> float:
+    def _switch_cost(self, s: Structure, remaining: int | None) -> float:
         """Seconds per token a switch to `s` adds: an L1 structure whose cache is not built for this
-        prompt pays the build (300-700 ms at 8K), spread over SETUP_HORIZON tokens, or over the
-        tokens this answer has left if fewer (the cache serves one prompt). (Left out, auto at qa 8K
-        went back to retrieval-only and triforce, each time rebuilding, where ar was faster; spread
-        over 64 tokens with 6 left, at qa 4K it switched to retrieval-only for the last 2 cycles,
-        211 and 146 ms for 4 tokens each beside ar's 33.)"""
+        prompt pays the build (300-700 ms at 8K) over SETUP_HORIZON tokens, or the answer's last
+        ones if fewer. (Left out, auto at qa 8K went back to L1 structures, each time rebuilding,
+        where ar was faster; with 6 tokens left at qa 4K it built one for 2 cycles, 211 and 146 ms.)"""
         if not s.mode.uses_l1 or self._l1_live or self.setup_s is None:
             return 0.0
-        horizon = SETUP_HORIZON if self._remaining is None else max(1, min(SETUP_HORIZON, self._remaining))
+        horizon = SETUP_HORIZON if remaining is None else max(1, min(SETUP_HORIZON, remaining))
         return self.setup_s / horizon
 
     def _gain(self, best: Structure, current: Structure) -> float:

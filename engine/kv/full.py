@@ -37,6 +37,7 @@ class FullCache(KVCache):
     name = "full"
     exact = False  # attend through exact_attention (set for CPU buffers; subclasses keep their own path)
     _invariant = False
+    native_attention = False  # attends through the native kernel (set per instance; subclasses keep their own path)
     _hidden: torch.Tensor | None = None
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int,
@@ -50,8 +51,8 @@ class FullCache(KVCache):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.exact = self.device.type == "cpu" if exact is None else exact
         shape = (n_kv_heads, padded_length(capacity) if self.exact else capacity, head_dim)
-        self._native = self.exact and dtype == torch.float32 and native.attention_supports(head_dim, shape[1])
-        self.kv_dtype = kv_dtype if self._native and kv_dtype in native.KV_DTYPES else dtype
+        self.native_attention = self.exact and dtype == torch.float32 and native.attention_supports(head_dim, shape[1])
+        self.kv_dtype = kv_dtype if self.native_attention and kv_dtype in native.KV_DTYPES else dtype
         self.keys = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(n_layers)]
         self.capture_query = False
@@ -73,7 +74,7 @@ class FullCache(KVCache):
         if self.capture_query:
             self.last_query[layer] = q[:, -1].clone()  # [Hq, D]
         if self._invariant:
-            if self._native:
+            if self.native_attention:
                 return native.attention(q, self.keys[layer], self.values[layer], stop)
             if self._hidden is None and self._new > 1:
                 self._hidden = hidden_tail(self._new, stop, q.shape[0] // self.n_kv_heads)

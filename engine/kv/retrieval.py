@@ -21,9 +21,6 @@ if TYPE_CHECKING:  # the full cache builds this one (FullCache.retrieval): no im
     from engine.kv.full import FullCache
 
 
-BLOCK = native.BLOCK_KEYS  # the native kernel reads buffers in blocks of this many positions
-
-
 class RetrievalCache(KVCache):
     name = "retrieval"
 
@@ -38,11 +35,11 @@ class RetrievalCache(KVCache):
         # Where L2 attends through the native kernel (the CPU), so does L1 (2x faster than the batched
         # matmuls at ~1K keys: 0.119 against 0.277 ms a layer for 2 tokens), over buffers padded
         # to its block of keys and stored as the full cache stores them (float16: copied exactly).
-        rows = -(-self.capacity // BLOCK) * BLOCK
-        self._native = (getattr(full, "_native", False) and all(torch.device(d).type == "cpu" for d in self.layer_devices)
+        rows = -(-self.capacity // native.BLOCK_KEYS) * native.BLOCK_KEYS
+        self._native = (full.native_attention and all(torch.device(d).type == "cpu" for d in self.layer_devices)
                         and native.attention_supports(full.head_dim, rows))
         shape = (full.n_kv_heads, rows if self._native else self.capacity, full.head_dim)
-        stored = getattr(full, "kv_dtype", full.dtype) if self._native else full.dtype
+        stored = full.kv_dtype if self._native else full.dtype
         self.keys = [torch.zeros(shape, dtype=stored, device=d) for d in self.layer_devices]
         self.values = [torch.zeros(shape, dtype=stored, device=d) for d in self.layer_devices]
         self.selected = 0  # slots filled by the last rebuild
