@@ -7,7 +7,7 @@ import time
 import pytest
 
 from engine.decoding import measurements
-from engine.decoding.measurements import PRIOR_SLOPE, StepCosts
+from engine.decoding.measurements import PRIOR_SLOPE, STALE, StepCosts
 from engine.decoding.policy import (AR_RETIME, EXPLORE_CYCLES, GROW, OUTLIER, REFRESH_CYCLES, SURPRISE, SWITCH_GAIN,
                                      Policy, Structure, expected_tokens)
 from engine.decoding.drafters import NgramDrafter, common_prefix
@@ -49,6 +49,29 @@ def test_step_costs_follow_a_staircase_between_measured_sizes():
     assert costs.estimate("l2", 3) == pytest.approx(0.028 + 2 * 0.0055 / 3)
     assert costs.estimate("l2", 3) < 0.034
     assert costs.estimate("l2", 7) == pytest.approx(0.049 + 2 * (0.049 - 0.028) / 4)  # the secant beyond
+
+
+def test_a_size_not_timed_for_a_while_moves_with_the_smallest_size():
+    """Continue 1K: a 5-token check timed once in a slow first spell stayed at 53 ms while the
+    1-token forward, re-timed every few cycles, fell from 30 to 22 ms; the replay then priced draft
+    length 4 out. A size left untimed for STALE forwards keeps its ratio to the smallest size."""
+    costs = StepCosts()
+    costs.record("l2", 1, 0.030)
+    costs.record("l2", 5, 0.053)  # 1.77x the 1-token forward, timed in the same spell
+    assert costs.estimate("l2", 5) == pytest.approx(0.053)
+    for _ in range(STALE):  # the machine quietens: 1-token forwards at 22 ms
+        costs.record("l2", 1, 0.022)
+    one = costs.estimate("l2", 1)
+    assert one < 0.023
+    assert costs.estimate("l2", 5) == pytest.approx(0.053 * one / 0.030)
+    assert costs.estimate("l2", 3) < 0.053 * one / 0.030  # (between them, the line through both)
+    fresh = StepCosts()  # a size timed within the last STALE forwards keeps its own cost
+    fresh.record("l2", 1, 0.030)
+    fresh.record("l2", 5, 0.053)
+    fresh.record("l2", 1, 0.022)
+    assert fresh.estimate("l2", 5) == pytest.approx(0.053)
+    costs.record("l2", 5, 0.030)  # timed again: its own sample counts, from where it was read
+    assert costs.estimate("l2", 5) == pytest.approx(0.5 * 0.053 * one / 0.030 + 0.5 * 0.030)
 
 
 def test_gammas_grow_only_as_far_as_their_forwards_were_timed():

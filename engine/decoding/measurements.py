@@ -9,22 +9,40 @@ PRIOR_SLOPE = 0.15  # cost of each extra checked token, as a share of a 1-token 
 PRIOR_HIT = 0.5  # share of L0 proposals that are not empty (n-gram lookups often find nothing)
 SLOWER_WEIGHT = 0.1  # weight of a forward slower than its estimate (faster ones: 0.5) ...
 SLOW_CLIP = 1.5  # ... counted as at most 1.5x the estimate
+STALE = 8  # a size not timed in the level's last 8 forwards moves with the level's smallest size
 
 
 class StepCosts:
     """Seconds per forward at each level ("l0": one whole proposal, "l1", "l2"), per tokens checked,
-    as moving averages; `estimate` interpolates between measured sizes and extrapolates a little."""
+    as moving averages; `estimate` interpolates between measured sizes and extrapolates a little.
+
+    A size not timed for STALE forwards at its level is read relative to the level's smallest size
+    (its ratio to that size when it was timed, times that size's cost now): the machine's speed moves
+    every size alike, and the sizes that keep running track it. (Timed once in a slow first spell at
+    continue 1K, a 5-token check stayed at 53 ms while the 6-token one, re-timed, fell to 38 and the
+    1-token one from 30 to 22: the replay priced draft length 4 out, and auto ran 5.)"""
 
     def __init__(self) -> None:
-        self.table: dict[str, dict[int, float]] = {"l0": {}, "l1": {}, "l2": {}}
+        self.table: dict[str, dict[int, float]] = {"l0": {}, "l1": {}, "l2": {}}  # as last timed
         self._lines: dict[str, tuple[list[tuple[int, float]], float]] = {}  # level -> (points, slope), cached
+        self._timed: dict[str, dict[int, tuple[int, int, float]]] = {"l0": {}, "l1": {}, "l2": {}}
+        # level -> size -> (the level's forward count when this size was timed, the smallest size
+        # then, its cost then)
+        self._count = {"l0": 0, "l1": 0, "l2": 0}
+
+    def _now(self, level: str, tokens: int) -> float:
+        """The cost of a timed size as of now: as timed, or moved with the level's smallest size."""
+        row, (at, ref, ref_then) = self.table[level], self._timed[level][tokens]
+        if self._count[level] - at < STALE or ref == tokens or ref not in row:
+            return row[tokens]
+        return row[tokens] * self._now(level, ref) / max(ref_then, 1e-9)
 
     def record(self, level: str, tokens: int, seconds: float) -> None:
         """Noise on a shared machine only ever adds time, so a faster sample is believed at once and
         a slower one only moves the estimate a little (a burst of load must not price a structure
         out for good: it may not run again to correct it)."""
         row = self.table[level]
-        old = row.get(tokens)
+        old = self._now(level, tokens) if tokens in row else None
         if old is None:  # a new size: capped by what the sizes timed so far predict for it (a first
             prior = self.estimate(level, tokens)  # sample taken in a spike priced draft-only out for good)
             row[tokens] = seconds if prior is None else min(seconds, SLOW_CLIP * prior)
@@ -32,10 +50,14 @@ class StepCosts:
             row[tokens] = 0.5 * old + 0.5 * seconds
         else:  # one spike (a forward at 4.7x its cost at qa 2K) moves it by 5 % at most
             row[tokens] = old + SLOWER_WEIGHT * (min(seconds, SLOW_CLIP * old) - old)
+        self._count[level] += 1
+        ref = min(row)
+        self._timed[level][tokens] = (self._count[level], ref, row[tokens] if ref == tokens else self._now(level, ref))
         self._lines.pop(level, None)
 
     def forget(self, level: str) -> None:
         self.table[level].clear()
+        self._timed[level].clear()
         self._lines.pop(level, None)
 
     def measured(self, level: str) -> bool:
@@ -56,10 +78,10 @@ class StepCosts:
         if not row:
             return None
         if tokens in row:
-            return row[tokens]
+            return self._now(level, tokens)
         line = self._lines.get(level)
         if line is None:
-            self._lines[level] = line = self._fit(row)
+            self._lines[level] = line = self._fit({n: self._now(level, n) for n in row})
         points, slope = line
         below = [p for p in points if p[0] < tokens]
         above = [p for p in points if p[0] > tokens]
