@@ -235,3 +235,18 @@ def test_the_512_bit_attention_gives_the_8_lane_bits(tmp_path):
             assert lib.triforce_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), int(half), keys.shape[1],
                                           heads, n_kv, new, dim, total, dim ** -0.5, out.data_ptr(), 2) == 0
             assert torch.equal(out, wide), (heads, n_kv, dim, half, held, new)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_4_bit_blocks_are_repacked_with_their_exact_float32_scales(kind):
+    """The kernel reads a 4-bit block as [d f32][m f32][the file's 16 bytes]: d and m are the file's
+    halves widened exactly, and Q4_0's m is -8 d, so d * q + m is the file's weight bit for bit."""
+    blocks = _blocks(kind, 3, 64)
+    packed = native.repack_q4(kind, blocks).reshape(3, 2, 24)
+    raw = np.asarray(blocks).reshape(3, 2, -1)
+    d = raw[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
+    assert np.array_equal(packed[..., 0:4].copy().view(np.float32)[..., 0], d)
+    m = packed[..., 4:8].copy().view(np.float32)[..., 0]
+    want = raw[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0] if kind == "Q4_1" else -8.0 * d
+    assert np.array_equal(m, want)
+    assert np.array_equal(packed[..., 8:], raw[..., -16:])

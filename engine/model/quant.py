@@ -90,11 +90,10 @@ class QuantWeight:
             raise ValueError(f"QuantWeight: {blocks.shape} {kind} blocks do not hold rows of {in_features} weights")
         self.kind = kind
         self.out_features, self.in_features = int(blocks.shape[0]), in_features
-        self.blocks = blocks  # [out, nb * block bytes] uint8, possibly a read-only memory map
-        # fixed for the weight's life: one target per process
-        self._native = native.BlockMatrix(kind, blocks) if native.available() else None
-        if self._native is not None:
-            self.blocks = self._native.array  # what the kernel reads (no copy when already contiguous)
+        self.blocks = np.ascontiguousarray(blocks)  # [out, nb * block bytes] uint8, maybe a read-only memory map
+        # fixed for the weight's life: one target per process (the kernel reads its own copy, 4-bit
+        # kinds repacked with float32 scales: engine/native repack_q4)
+        self._native = native.BlockMatrix(kind, self.blocks) if native.available() else None
         self.doubled = kind == "Q8_0"  # the int4 kernel sees the input twice: [x, x]
         self._packed = (packed, scales_zeros) if packed is not None and scales_zeros is not None else None
         self.keep_dense = False  # set by widened_for_prefill: widen once, keep the copy until it ends
@@ -151,10 +150,10 @@ class QuantWeight:
         return dequantize_blocks(self.kind, np.ascontiguousarray(self.blocks), self.in_features)
 
     def nbytes(self) -> int:
-        """Bytes a forward reads for this weight: the file's blocks (native kernel), or the packed
-        nibbles and the bfloat16 scales (torch's int4 kernel)."""
+        """Bytes a forward reads for this weight: the native kernel's blocks (4-bit kinds with float32
+        scales), or the packed nibbles and the bfloat16 scales (torch's int4 kernel)."""
         if self.native:
-            return int(self.blocks.nbytes)
+            return int(self._native.array.nbytes)
         packed, scales_zeros = self._int4()
         return packed.numel() * packed.element_size() + scales_zeros.numel() * scales_zeros.element_size()
 

@@ -29,8 +29,9 @@ import torch  # loads torch's libgomp first: the kernels then share its OpenMP r
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-VERSION = 5  # triforce_kernels_version() of the source this module speaks to
-KIND_CODES = {"Q4_0": 4, "Q4_1": 5, "Q8_0": 8}
+VERSION = 6  # triforce_kernels_version() of the source this module speaks to
+KIND_CODES = {"Q4_0": 6, "Q4_1": 6, "Q8_0": 8}  # 6: a 4-bit kind repacked (repack_q4)
+_FILE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 MAX_DIM = 256  # head sizes the attention kernel takes (a multiple of 8)
 BLOCK_KEYS = 32  # keys per block in kernels.c: the buffers it reads hold whole blocks
 _FLAGS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])  # tried in order
@@ -153,15 +154,31 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()  # x.data_ptr() of a view is where its first element is (offset included)
 
 
+def repack_q4(kind: str, blocks: np.ndarray) -> np.ndarray:
+    """Q4_0 / Q4_1 blocks [out, nb * 18 or 20] uint8 -> [out, nb * 24]: per block d and m as float32
+    (Q4_0's m = -8 d, exact: a power of two), then the same 16 bytes of nibbles. The kernel then reads
+    each block's scales as they are, where it converted two halves and broadcast them (a quarter of a
+    1-token matmul of the bundled model's layers); its products keep their bits."""
+    out = blocks.shape[0]
+    raw = np.ascontiguousarray(blocks).reshape(out, -1, _FILE_BLOCK_BYTES[kind])  # [out, nb, bytes]
+    d = raw[..., 0:2].copy().view(np.float16).astype(np.float32)  # [out, nb, 1]
+    m = raw[..., 2:4].copy().view(np.float16).astype(np.float32) if kind == "Q4_1" else np.float32(-8.0) * d
+    packed = np.empty((out, raw.shape[1], 24), dtype=np.uint8)
+    packed[..., 0:4], packed[..., 4:8] = d.view(np.uint8), m.view(np.uint8)
+    packed[..., 8:] = raw[..., -16:]
+    return packed.reshape(out, -1)
+
+
 class BlockMatrix:
     """A weight kept as the file's own GGUF blocks for block_matmul: the array [out, in / 32 *
-    block bytes] uint8 (C-contiguous, held here so its memory stays put) and what a call needs,
-    looked up once (a numpy array's .ctypes costs ~3 us, a matmul call ~40)."""
+    block bytes] uint8 (C-contiguous, held here so its memory stays put; 4-bit kinds repacked,
+    repack_q4) and what a call needs, looked up once (a numpy array's .ctypes costs ~3 us, a matmul
+    call ~40)."""
 
     __slots__ = ("array", "code", "pointer", "out")
 
     def __init__(self, kind: str, blocks: np.ndarray) -> None:
-        self.array = np.ascontiguousarray(blocks)
+        self.array = repack_q4(kind, blocks) if kind in _FILE_BLOCK_BYTES else np.ascontiguousarray(blocks)
         self.code, self.pointer, self.out = KIND_CODES[kind], self.array.ctypes.data, self.array.shape[0]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:

@@ -53,12 +53,16 @@ static inline v8f s8_to_f(const int8_t *p) {
 #endif
 static inline v8f vmax(v8f a, v8f b) { v8i gt = a > b; return (v8f)((gt & (v8i)a) | (~gt & (v8i)b)); }
 
-int triforce_kernels_version(void) { return 5; }
+int triforce_kernels_version(void) { return 6; }
 
 /* ------------------------------------------------------------------ weights: GGUF blocks
- * The weight is the file's own blocks, [out, nb] blocks of 32 weights of one row, read as stored:
+ * The weight is the file's own blocks, [out, nb] blocks of 32 weights of one row:
  *   Q4_0: [d f16][16 bytes] w = d * (q - 8)   Q4_1: [d f16][m f16][16 bytes] w = d * q + m
  *   Q8_0: [d f16][32 int8]  w = d * q
+ * Q8_0 is read as stored (kind 8). The 4-bit kinds are read repacked (kind 6, engine/native): the
+ * same nibbles after d and m widened to float32 ([d f32][m f32][16 bytes], Q4_0's m = -8 d, exact),
+ * so no block pays two half-to-float conversions and broadcasts (a quarter of a 1-token matmul of
+ * the bundled model's Q4_1 layers); the products are the same bits.
  * In a 4-bit block, byte j holds element j (low nibble) and element j + 16 (high nibble). The
  * weights are widened to float32 in registers (Q4_0's as d * q + (-8 d), which is exactly d * (q - 8))
  * and multiplied with float32 activations x [T, in]: y [T, out], in = 32 nb. Tokens are taken up to
@@ -83,7 +87,18 @@ static inline float half_to_float(const uint8_t *p) {
 #endif
 }
 
-static inline int block_bytes(int kind) { return kind == 8 ? 34 : kind == 5 ? 20 : 18; }
+static inline int block_bytes(int kind) { return kind == 8 ? 34 : 24; }
+
+/* a block's scale d and offset m: Q8_0's d as stored (f16; m unused), the repacked 4-bit kinds' float32 */
+static inline void block_scales(int kind, const uint8_t *blk, float *d, float *m) {
+    if (kind == 8) {
+        *d = half_to_float(blk);
+        *m = 0.0f;
+    } else {
+        memcpy(d, blk, 4);
+        memcpy(m, blk + 4, 4);
+    }
+}
 
 #define TOKENS_PER_PASS 8
 #define ROWS_PER_PASS 2
@@ -171,11 +186,11 @@ static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *
     for (int64_t b = 0; b < nb; b++) {
         for (int r = 0; r < nr; r++) {
             const uint8_t *blk = blocks + ((o + r) * nb + b) * bb;
-            const float d = half_to_float(blk);
+            float d, m;
+            block_scales(kind, blk, &d, &m);
             __m512 w[2];
             if (kind == 8) widen16_q8((const int8_t *)(blk + 2), d, w);
-            else if (kind == 5) widen16_q4(blk + 4, d, half_to_float(blk + 2), w);
-            else widen16_q4(blk + 2, d, -8.0f * d, w);
+            else widen16_q4(blk + 8, d, m, w);
             for (int t = 0; t < nt; t++) {
                 const float *xp = x + (t0 + t) * in + 32 * b;
                 acc[r][t][0] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xp), acc[r][t][0]);
@@ -204,11 +219,11 @@ static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *
     for (int64_t b = 0; b < nb; b++) {
         for (int r = 0; r < nr; r++) {
             const uint8_t *blk = blocks + ((o + r) * nb + b) * bb;
-            const float d = half_to_float(blk);
+            float d, m;
+            block_scales(kind, blk, &d, &m);
             v8f w[4];
             if (kind == 8) widen_q8((const int8_t *)(blk + 2), d, w);
-            else if (kind == 5) widen_q4(blk + 4, d, half_to_float(blk + 2), w);
-            else widen_q4(blk + 2, d, -8.0f * d, w);
+            else widen_q4(blk + 8, d, m, w);
             for (int t = 0; t < nt; t++) {
                 const float *xp = x + (t0 + t) * in + 32 * b;
                 acc[r][t][0] = fmadd8(w[0], load8(xp), acc[r][t][0]);
@@ -223,7 +238,7 @@ static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *
 }
 #endif
 
-/* kind: 4 (Q4_0), 5 (Q4_1), 8 (Q8_0); blocks [out, in / 32] of block_bytes(kind) each. */
+/* kind: 6 (Q4_0 or Q4_1 repacked), 8 (Q8_0); blocks [out, in / 32] of block_bytes(kind) each. */
 void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t in,
                            const float *x, int64_t T, float *y, int threads) {
     const int64_t nb = in / 32;
