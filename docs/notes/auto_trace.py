@@ -76,6 +76,8 @@ for r in range(reps):
                                          f"(ar~{c[3]:.0f},me~{c[4]:.0f})" if c[3] and c[4] else f"{c[0]}:{c[1]:.0f}/{c[2]}"
                                          for c in cycles))
             print("    checked per cycle:", " ".join(str(c[5]) for c in cycles))
+        elif cycles:
+            print("    sequence:", " ".join(f"{c[1]:.0f}/{c[2]}" for c in cycles))
         sys.stdout.flush()
 for m in runs:
     print(m, round(statistics.median(runs[m]), 1), [round(x, 1) for x in runs[m]])
