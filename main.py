@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -106,19 +107,25 @@ def _in_venv() -> bool:
         return False
 
 
-def quiet_openmp_threads() -> None:
-    """Idle OpenMP threads sleep instead of spinning, unless OMP_WAIT_POLICY says otherwise. Set
-    before torch loads (here, and inherited by the venv's process): next to other busy programs (a
-    desktop, a shared machine) spinning waiters made a small matmul 13x slower on 2 cores
-    (docs/notes/cpu-speed.md); on an idle machine spinning gains a little."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+def choose_openmp_wait() -> None:
+    """How idle OpenMP threads wait, unless OMP_WAIT_POLICY says: a bounded spin in a virtual machine
+    whose other programs are quiet (wake-ups of sleeping threads wait for the host), else sleep
+    (beside busy programs spinning waiters cost far more). Decided once, from a 0.2 s look at
+    /proc/stat, before torch loads (here, and inherited by the venv's process); engine/tools/host_load.py."""
+    if "OMP_WAIT_POLICY" in os.environ:
+        return
+    from engine.tools.host_load import busy_percent, is_virtual_machine, openmp_wait_env, read_cpu_times
+    before = read_cpu_times()
+    time.sleep(0.2)
+    for name, value in openmp_wait_env(is_virtual_machine(), busy_percent(before, read_cpu_times())).items():
+        os.environ.setdefault(name, value)
 
 
 def bootstrap(argv: list[str]) -> None:
     """Make sure we run inside a ready .venv; re-execute there if we are not in it."""
     if sys.version_info < (3, 11):
         sys.exit(f"TriForce Chat needs Python 3.11 or newer (this is {sys.version.split()[0]})")
-    quiet_openmp_threads()
+    choose_openmp_wait()
     ensure_venv()
     if _in_venv():
         return

@@ -85,6 +85,8 @@ def test_a_repeat_the_host_stole_from_is_set_aside_and_run_again(tiny, sample_te
     import engine.tools.bench as bench
 
     monkeypatch.setattr(bench, "read_cpu_times", _StolenRuns([0, 50, 1, 0, 0, 0]))  # per run, 100 ticks each
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "200000")
     lines: list[str] = []
     report = run_bench(tiny, sample_text, 600, 6, ["ar", "auto"], DecodeSettings(budget=64, chunk=16), "ngram",
                        "continue", repeats=2, log=lines.append, max_steal=10.0)
@@ -94,6 +96,7 @@ def test_a_repeat_the_host_stole_from_is_set_aside_and_run_again(tiny, sample_te
     assert report["steal_percent_by_repeat"] == [1.0, 0.0] and report["steal_percent"] == 8.5  # 51 of 600
     (aside,) = report["set_aside_repeats"]
     assert aside["steal_percent"] == 50.0 and set(aside["ms_per_token"]) == {"ar", "auto"}
+    assert report["openmp_wait"] == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "200000"}  # how threads waited
     for r in report["results"]:
         assert len(r["runs_ms_per_token"]) == 2 and len(report["steal_percent_by_repeat"]) == 2
     assert "host steal 8.5 % (by repeat 1.0, 0.0); 1 repeats set aside at over 10.0 % steal (50.0)" in format_report(report)

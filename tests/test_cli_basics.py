@@ -156,18 +156,26 @@ def test_setup_keeps_existing_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert not any("torch==" in c for c in calls)
 
 
-@pytest.mark.parametrize("given,expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_openmp_threads_sleep_unless_the_user_says_otherwise(monkeypatch: pytest.MonkeyPatch, given, expected) -> None:
-    """main.py sets OMP_WAIT_POLICY before torch loads (the app, the CLI and the tests inherit it);
-    a value the user set is kept."""
-    if given is None:
-        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    else:
+@pytest.mark.parametrize("given,virtual,busy,expected", [
+    (None, False, 0.0, "PASSIVE"), (None, True, 3.0, "ACTIVE"), (None, True, 60.0, "PASSIVE"),
+    ("PASSIVE", True, 3.0, "PASSIVE"), ("ACTIVE", False, 90.0, "ACTIVE")])
+def test_openmp_threads_spin_a_while_only_in_a_quiet_virtual_machine(monkeypatch: pytest.MonkeyPatch, given,
+                                                                     virtual, busy, expected) -> None:
+    """main.py chooses OMP_WAIT_POLICY before torch loads (the app, the CLI and the tests inherit it):
+    a bounded spin in a virtual machine whose other programs are quiet, else sleeping threads; a
+    value the user set is kept."""
+    from engine.tools import host_load
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    if given is not None:
         monkeypatch.setenv("OMP_WAIT_POLICY", given)
+    monkeypatch.setattr(host_load, "is_virtual_machine", lambda: virtual)
+    monkeypatch.setattr(host_load, "busy_percent", lambda before, after: busy)
     monkeypatch.setattr(entry, "ensure_venv", lambda: None)
     monkeypatch.setattr(entry, "_in_venv", lambda: True)
     entry.bootstrap([])
     assert os.environ["OMP_WAIT_POLICY"] == expected
+    assert os.environ.get("GOMP_SPINCOUNT") == ("200000" if given is None and expected == "ACTIVE" else None)
 
 
 def test_test_command_fails_on_no_tests(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -241,6 +241,7 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
         "steal_percent_by_repeat": steal_kept,
         "max_steal_percent": max_steal,
         "set_aside_repeats": set_aside,
+        "openmp_wait": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},  # main.py's choice
         "settings": {"budget": settings.budget, "chunk": settings.chunk, "gamma1": settings.gamma1,
                      "gamma2": settings.gamma2, "draft": getattr(session.drafter, "name", str(draft))},
         "skipped": dict(peers.skipped),

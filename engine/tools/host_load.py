@@ -1,4 +1,5 @@
-"""How much of this machine's CPU time the host took away while a benchmark ran.
+"""How much of this machine's CPU time the host took away while a benchmark ran, and how idle
+OpenMP threads should wait on this machine.
 
 In a virtual machine, the hypervisor counts "steal" time: moments a virtual CPU was ready to run and
 the host ran something else. The load average inside the guest does not see it (the grid of
@@ -20,6 +21,7 @@ class CpuTimes:
 
     total: int
     steal: int
+    idle: int = 0  # idle + iowait
 
 
 def read_cpu_times(path: Path = PROC_STAT) -> CpuTimes | None:
@@ -32,7 +34,7 @@ def read_cpu_times(path: Path = PROC_STAT) -> CpuTimes | None:
     if not first or first[0] != "cpu" or len(first) < 9:
         return None
     ticks = [int(x) for x in first[1:9]]  # user nice system idle iowait irq softirq steal
-    return CpuTimes(sum(ticks), ticks[7])
+    return CpuTimes(sum(ticks), ticks[7], ticks[3] + ticks[4])
 
 
 def steal_percent(before: CpuTimes | None, after: CpuTimes | None) -> float | None:
@@ -40,3 +42,37 @@ def steal_percent(before: CpuTimes | None, after: CpuTimes | None) -> float | No
     if before is None or after is None or after.total <= before.total:
         return None
     return 100.0 * (after.steal - before.steal) / (after.total - before.total)
+
+
+def busy_percent(before: CpuTimes | None, after: CpuTimes | None) -> float | None:
+    """Share of the CPU time between two readings that programs in this machine used, in per cent."""
+    if before is None or after is None or after.total <= before.total:
+        return None
+    spent = (after.total - before.total) - (after.idle - before.idle) - (after.steal - before.steal)
+    return 100.0 * spent / (after.total - before.total)
+
+
+def is_virtual_machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether the CPU says it runs under a hypervisor (Linux's "hypervisor" flag)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            return any(line.startswith("flags") and "hypervisor" in line.split() for line in f)
+    except OSError:
+        return False
+
+
+# A waiter spins a bounded while (~0.1 ms), then sleeps; libgomp's default with no policy set is
+# similar (300,000). PASSIVE sleeps at once.
+SPIN = {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "200000"}
+SLEEP = {"OMP_WAIT_POLICY": "PASSIVE"}
+BUSY_LIMIT = 25.0  # per cent of the CPU other programs may take for the app to spin
+
+
+def openmp_wait_env(virtual: bool, busy: float | None) -> dict[str, str]:
+    """How idle OpenMP threads wait between the ~300 small parallel steps of a token. In a virtual
+    machine each wake-up of a sleeping thread waits for the host: on this project's 2-core KVM guest
+    plain decoding ran 1.2-2.8x faster with a bounded spin (docs/bench/omp-wait-s17.txt), and the
+    host's steal fell from 4-34 % to 0-1 %. Beside busy programs a spinning waiter costs them and us
+    far more (a forward at 60-169 ms against 40-54 sleeping, two `yes` processes on 2 cores), so on
+    a physical machine, or when other programs keep BUSY_LIMIT of the CPU busy, threads sleep."""
+    return SPIN if virtual and busy is not None and busy < BUSY_LIMIT else SLEEP
