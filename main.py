@@ -110,14 +110,18 @@ def _in_venv() -> bool:
 def choose_openmp_wait() -> None:
     """How idle OpenMP threads wait, unless OMP_WAIT_POLICY says: a bounded spin in a virtual machine
     whose other programs are quiet (wake-ups of sleeping threads wait for the host), else sleep
-    (beside busy programs spinning waiters cost far more). Decided once, from a 0.2 s look at
-    /proc/stat, before torch loads (here, and inherited by the venv's process); engine/tools/host_load.py."""
+    (beside busy programs spinning waiters cost far more). Decided once, before torch loads (here,
+    and inherited by the venv's process); only a virtual machine takes the 0.2 s look at /proc/stat
+    that tells how busy it is (engine/tools/host_load.py)."""
     if "OMP_WAIT_POLICY" in os.environ:
         return
     from engine.tools.host_load import busy_percent, is_virtual_machine, openmp_wait_env, read_cpu_times
-    before = read_cpu_times()
-    time.sleep(0.2)
-    for name, value in openmp_wait_env(is_virtual_machine(), busy_percent(before, read_cpu_times())).items():
+    virtual, busy = is_virtual_machine(), None
+    if virtual:
+        before = read_cpu_times()
+        time.sleep(0.2)
+        busy = busy_percent(before, read_cpu_times())
+    for name, value in openmp_wait_env(virtual, busy).items():
         os.environ.setdefault(name, value)
 
 

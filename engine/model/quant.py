@@ -147,7 +147,7 @@ class QuantWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The whole weight in float32 [out, in]: the oracle (equal to gguf's own dequantize)."""
-        return dequantize_blocks(self.kind, np.ascontiguousarray(self.blocks), self.in_features)
+        return dequantize_blocks(self.kind, self.blocks, self.in_features)
 
     def nbytes(self) -> int:
         """Bytes a forward reads for this weight: the native kernel's blocks (4-bit kinds with float32

@@ -9,6 +9,7 @@ the share is None.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,19 +38,21 @@ def read_cpu_times(path: Path = PROC_STAT) -> CpuTimes | None:
     return CpuTimes(sum(ticks), ticks[7], ticks[3] + ticks[4])
 
 
-def steal_percent(before: CpuTimes | None, after: CpuTimes | None) -> float | None:
-    """Share of the CPU time between two readings that the host stole, in per cent."""
+def _percent(before: CpuTimes | None, after: CpuTimes | None, part: Callable[[CpuTimes], int]) -> float | None:
+    """Share of the CPU time between two readings that `part` (of a CpuTimes) counts, in per cent."""
     if before is None or after is None or after.total <= before.total:
         return None
-    return 100.0 * (after.steal - before.steal) / (after.total - before.total)
+    return 100.0 * (part(after) - part(before)) / (after.total - before.total)
+
+
+def steal_percent(before: CpuTimes | None, after: CpuTimes | None) -> float | None:
+    """Share of the CPU time between two readings that the host stole, in per cent."""
+    return _percent(before, after, lambda t: t.steal)
 
 
 def busy_percent(before: CpuTimes | None, after: CpuTimes | None) -> float | None:
     """Share of the CPU time between two readings that programs in this machine used, in per cent."""
-    if before is None or after is None or after.total <= before.total:
-        return None
-    spent = (after.total - before.total) - (after.idle - before.idle) - (after.steal - before.steal)
-    return 100.0 * spent / (after.total - before.total)
+    return _percent(before, after, lambda t: t.total - t.idle - t.steal)
 
 
 def is_virtual_machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
