@@ -235,18 +235,70 @@ def test_the_512_bit_attention_gives_the_8_lane_bits(tmp_path):
             assert lib.triforce_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), int(half), keys.shape[1],
                                           heads, n_kv, new, dim, total, dim ** -0.5, out.data_ptr(), 2) == 0
             assert torch.equal(out, wide), (heads, n_kv, dim, half, held, new)
+    # the int8-activation matmul (a drafter's) has a plain-C body there: the same integer products
+    for width in (96, 576):
+        matrix = native.BlockMatrix("Q4_1", np.ascontiguousarray(_blocks("Q4_1", 11, width, seed=width)))
+        x = torch.randn(5, width, generator=torch.Generator().manual_seed(2))
+        y = torch.empty(5, 11)
+        assert lib.triforce_block_matmul_q8a(matrix.pointer, 11, width, x.data_ptr(), 5, y.data_ptr(), 2) == 0
+        torch.testing.assert_close(y, matrix.matmul_int8(x), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
 def test_4_bit_blocks_are_repacked_with_their_exact_float32_scales(kind):
-    """The kernel reads a 4-bit block as [d f32][m f32][the file's 16 bytes]: d and m are the file's
+    """The kernel reads a 4-bit row in groups of four blocks, [d0..d3 f32][m0..m3 f32][the file's 16
+    bytes of each] (the last group of a row may hold fewer, laid out alike): d and m are the file's
     halves widened exactly, and Q4_0's m is -8 d, so d * q + m is the file's weight bit for bit."""
-    blocks = _blocks(kind, 3, 64)
-    packed = native.repack_q4(kind, blocks).reshape(3, 2, 24)
-    raw = np.asarray(blocks).reshape(3, 2, -1)
-    d = raw[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
-    assert np.array_equal(packed[..., 0:4].copy().view(np.float32)[..., 0], d)
-    m = packed[..., 4:8].copy().view(np.float32)[..., 0]
-    want = raw[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0] if kind == "Q4_1" else -8.0 * d
-    assert np.array_equal(m, want)
-    assert np.array_equal(packed[..., 8:], raw[..., -16:])
+    blocks = _blocks(kind, 3, 6 * 32)  # 6 blocks a row: a group of four, then one of two
+    packed = native.repack_q4(kind, blocks)
+    assert packed.shape == (3, 6 * 24)
+    raw = np.asarray(blocks).reshape(3, 6, -1)
+    d = raw[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]  # [3, 6]
+    m = raw[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0] if kind == "Q4_1" else -8.0 * d
+    for first, n in ((0, 4), (4, 2)):
+        group = packed[:, first * 24:(first + n) * 24]
+        assert np.array_equal(group[:, :4 * n].copy().view(np.float32), d[:, first:first + n])
+        assert np.array_equal(group[:, 4 * n:8 * n].copy().view(np.float32), m[:, first:first + n])
+        assert np.array_equal(group[:, 8 * n:].reshape(3, n, 16), raw[:, first:first + n, -16:])
+
+
+def _int8_reference(kind: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+    """What the int8-activation kernel computes, in float64: x per block of 32 quantized to
+    round(x / d_a), d_a = max |x| / 127, times the file's integer nibbles, scaled by d_w d_a, plus the
+    offset m_w d_a sum(q_a) (Q4_0: m = -8 d)."""
+    width = x.shape[1]
+    w = dequantize_blocks(kind, blocks, width).double()  # exactly d * q + m per weight
+    xb = x.double().reshape(x.shape[0], -1, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    da = (amax.float() / 127.0).double()  # the kernel's float32 scale
+    inv = torch.where(amax > 0, (127.0 / amax.float()).double(), torch.zeros_like(amax))
+    q = torch.round((xb.float() * inv.float()).double()).clamp(-127, 127)  # rint of the float32 product
+    return ((q * da).reshape(x.shape[0], width) @ w.T).float()
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("out,width", [(1, 32), (7, 96), (5, 64), (130, 576), (40, 1536), (3, 224)])
+def test_the_int8_activation_matmul_is_the_quantized_product(kind, out, width):
+    """L1's cheaper matmul (only ever a drafter's, whose tokens L2 checks): the activations' int8
+    quantization times the file's nibbles, within float rounding of the product computed in float64;
+    a few per cent from the float32 product, and the same for a row whatever the tokens beside it."""
+    blocks = np.ascontiguousarray(_blocks(kind, out, width, seed=out))
+    matrix = native.BlockMatrix(kind, blocks)
+    assert matrix.drafts_int8
+    x = torch.randn(6, width, generator=torch.Generator().manual_seed(width))
+    got = matrix.matmul_int8(x)
+    want = _int8_reference(kind, blocks, x)
+    scale = float(want.abs().max())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * scale)
+    exact = matrix.matmul(x)
+    error = float((got - exact).norm() / exact.norm())
+    assert 1e-4 < error < 0.03  # quantized (not the float product), and close to it
+    for t in range(6):  # chunks of up to four tokens: a row alone gives the same values
+        torch.testing.assert_close(matrix.matmul_int8(x[t:t + 1]), got[t:t + 1], rtol=0, atol=0)
+
+
+def test_q8_0_weights_draft_through_the_float_kernel():
+    blocks = np.ascontiguousarray(_blocks("Q8_0", 9, 64))
+    matrix = native.BlockMatrix("Q8_0", blocks)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
+    assert not matrix.drafts_int8 and torch.equal(matrix.matmul_int8(x), matrix.matmul(x))

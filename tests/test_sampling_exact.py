@@ -11,11 +11,14 @@ import math
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType, quants
 
+from engine import native
 from engine.decoding.acceptance import Verdict, target_probs, verify
 from engine.kv.full import FullCache
 from engine.decoding.drafters import ModelDrafter, NgramDrafter
 from engine.decoding.structure import Structure
+from engine.model.quant import QuantWeight
 from engine.model.runner import LlamaRunner
 from engine.settings import DecodeSettings, Mode, Sampling
 from engine.decoding.speculative import HierarchicalDecoder
@@ -164,6 +167,38 @@ def test_auto_matches_exact_target_distribution(models, script, drafter):
     for i in range(STEPS):
         p_value = chi_square_p_value(counts[i], exact[i])
         assert p_value > 1e-3, f"token {i + 2}: auto's distribution differs (p={p_value:.2e})"
+
+
+def quantized(runner: LlamaRunner) -> LlamaRunner:
+    """`runner` with its layers' projections as Q4_1 blocks: a quantized target, whose L1 drafts
+    with int8 activations (an approximation of it, as a retrieval cache is)."""
+    for layer in runner.layers:
+        for name in ("wqkv", "wo", "w_gate_up", "w_down"):
+            w = getattr(layer, name)
+            blocks = quants.quantize(w.numpy(), GGMLQuantizationType.Q4_1)
+            setattr(layer, name, QuantWeight("Q4_1", blocks, w.shape[1]))
+        layer.gate_up_packed = None
+    return runner
+
+
+@pytest.mark.skipif(not native.available(), reason="no native kernels")
+@pytest.mark.parametrize("mode", ["retrieval-only", "triforce"])
+def test_an_int8_l1_keeps_the_quantized_targets_distribution(mode, monkeypatch):
+    """L1's projections on int8 activations change only the drafts: the output is still distributed
+    as the quantized target's own sampling."""
+    target = quantized(tiny_runner(seed=0, logit_scale=1.5))
+    assert target.drafts_int8
+    calls = []
+    real = native.BlockMatrix.matmul_int8
+    monkeypatch.setattr(native.BlockMatrix, "matmul_int8", lambda self, x: calls.append(1) or real(self, x))
+    first = 5
+    exact = exact_distribution(target, first, STEPS)
+    assert not calls  # the target's own forwards never take it
+    counts = triforce_samples(target, None, first, STEPS, verify, mode=mode)
+    assert calls
+    for i in range(STEPS):
+        p_value = chi_square_p_value(counts[i], exact[i])
+        assert p_value > 1e-3, f"token {i + 2}: {mode} with an int8 L1 differs (p={p_value:.2e})"
 
 
 def test_the_test_catches_the_reference_l1_correction_bug(models):

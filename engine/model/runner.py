@@ -130,11 +130,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight, packed: torch.Tensor | None = None,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None = None, draft: bool = False) -> torch.Tensor:
     """x [T, in] @ weight[out, in].T (+ bias), through the prepacked oneDNN copy when there is one.
-    `weight` is a float tensor or the model file's own blocks (anything with .matmul: quant.py)."""
+    `weight` is a float tensor or the model file's own blocks (anything with .matmul: quant.py);
+    `draft`: a drafting level's forward, which may take the blocks' int8-activation path."""
     if not isinstance(weight, torch.Tensor):
-        y = weight.matmul(x)  # [T, out] float32
+        y = weight.matmul_draft(x) if draft else weight.matmul(x)  # [T, out] float32
         return y if bias is None else y + bias
     if packed is not None and bias is None:
         return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), packed, None).to_dense()
@@ -235,10 +236,18 @@ class LlamaRunner:
         """h [T, hidden] -> logits [T, V]."""
         return linear(h, self.lm_head, self._lm_head_packed)
 
+    @property
+    def drafts_int8(self) -> bool:
+        """Whether forward(draft=True) computes the layers' projections with int8 activations (the
+        model file's 4-bit blocks on the native kernels): a cheaper, approximate forward for L1."""
+        return any(getattr(w, "drafts_int8", False) for w in (self.layers[0].wqkv, self.layers[0].w_gate_up))
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                last_only: bool = False) -> torch.Tensor:
-        """tokens, positions [T] (int64) -> logits [T, V] float32 (or [1, V] with last_only)."""
+                last_only: bool = False, draft: bool = False) -> torch.Tensor:
+        """tokens, positions [T] (int64) -> logits [T, V] float32 (or [1, V] with last_only).
+        draft: a drafting level's forward (L1): the projections may run with int8 activations
+        (drafts_int8), so its logits approximate the target's; the target's own forwards never set it."""
         arch = self.arch
         n_new = tokens.shape[0]
         q_size, kv_end = arch.n_heads * arch.head_dim, arch.n_heads + arch.n_kv_heads
@@ -249,17 +258,17 @@ class LlamaRunner:
             if x.device != self.layer_devices[index]:  # layer split: hand the hidden state to the next card
                 x = x.to(self.layer_devices[index])
             h = norm(x, layer.attn_norm, arch.rms_eps)
-            heads = linear(h, layer.wqkv, bias=layer.bqkv).view(n_new, -1, arch.head_dim).transpose(0, 1)
+            heads = linear(h, layer.wqkv, bias=layer.bqkv, draft=draft).view(n_new, -1, arch.head_dim).transpose(0, 1)
             # [Hq + 2 Hkv, T, D]: views of q, k, v (the same strides as three separate views)
             attn = cache.attend(index, heads[:arch.n_heads], heads[arch.n_heads:kv_end], heads[kv_end:])  # [Hq, T, D]
-            x = x + linear(attn.transpose(0, 1).reshape(n_new, q_size), layer.wo)
+            x = x + linear(attn.transpose(0, 1).reshape(n_new, q_size), layer.wo, draft=draft)
             h = norm(x, layer.mlp_norm, arch.rms_eps)
-            gate_up = linear(h, layer.w_gate_up, layer.gate_up_packed)  # [T, 2I]: gate | up
+            gate_up = linear(h, layer.w_gate_up, layer.gate_up_packed, draft=draft)  # [T, 2I]: gate | up
             if self.native_ops:
-                x = x + linear(native.silu_mul(gate_up), layer.w_down)
+                x = x + linear(native.silu_mul(gate_up), layer.w_down, draft=draft)
             else:
                 gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
-                x = x + linear(F.silu(gate) * up, layer.w_down)
+                x = x + linear(F.silu(gate) * up, layer.w_down, draft=draft)
         cache.end()
         if last_only:
             x = x[-1:]

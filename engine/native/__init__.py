@@ -29,7 +29,7 @@ import torch  # loads torch's libgomp first: the kernels then share its OpenMP r
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-VERSION = 6  # triforce_kernels_version() of the source this module speaks to
+VERSION = 7  # triforce_kernels_version() of the source this module speaks to
 KIND_CODES = {"Q4_0": 6, "Q4_1": 6, "Q8_0": 8}  # 6: a 4-bit kind repacked (repack_q4)
 _FILE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 MAX_DIM = 256  # head sizes the attention kernel takes (a multiple of 8)
@@ -88,6 +88,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.triforce_block_matmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
     lib.triforce_block_matmul.restype = None
+    lib.triforce_block_matmul_q8a.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32]
+    lib.triforce_block_matmul_q8a.restype = i32
     lib.triforce_attention.argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, i32]
     lib.triforce_attention.restype = i32
     lib.triforce_rms_norm.argtypes = [ptr, ptr, i64, i64, ctypes.c_float, ptr]
@@ -154,19 +156,30 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()  # x.data_ptr() of a view is where its first element is (offset included)
 
 
+GROUP_BLOCKS = 4  # a repacked 4-bit row's blocks come in groups of four (kernels.c GROUP_BLOCKS)
+
+
 def repack_q4(kind: str, blocks: np.ndarray) -> np.ndarray:
-    """Q4_0 / Q4_1 blocks [out, nb * 18 or 20] uint8 -> [out, nb * 24]: per block d and m as float32
-    (Q4_0's m = -8 d, exact: a power of two), then the same 16 bytes of nibbles. The kernel then reads
-    each block's scales as they are, where it converted two halves and broadcast them (a quarter of a
-    1-token matmul of the bundled model's layers); its products keep their bits."""
+    """Q4_0 / Q4_1 blocks [out, nb * 18 or 20] uint8 -> [out, nb * 24]: per group of four blocks
+    (a row's last group may hold 1-3) their d and m as float32 (Q4_0's m = -8 d, exact: a power of
+    two), then the same 16 bytes of nibbles of each. The float kernel reads each block's scales as
+    they are, where it converted two halves and broadcast them (a quarter of a 1-token matmul of the
+    bundled model's layers), and its products keep their bits; the int8-activation kernel reads a
+    group's nibbles and its scales in one load each."""
     out = blocks.shape[0]
     raw = np.ascontiguousarray(blocks).reshape(out, -1, _FILE_BLOCK_BYTES[kind])  # [out, nb, bytes]
-    d = raw[..., 0:2].copy().view(np.float16).astype(np.float32)  # [out, nb, 1]
-    m = raw[..., 2:4].copy().view(np.float16).astype(np.float32) if kind == "Q4_1" else np.float32(-8.0) * d
-    packed = np.empty((out, raw.shape[1], 24), dtype=np.uint8)
-    packed[..., 0:4], packed[..., 4:8] = d.view(np.uint8), m.view(np.uint8)
-    packed[..., 8:] = raw[..., -16:]
-    return packed.reshape(out, -1)
+    nb = raw.shape[1]
+    d = raw[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]  # [out, nb]
+    m = raw[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0] if kind == "Q4_1" \
+        else np.float32(-8.0) * d
+    packed = np.empty((out, nb * 24), dtype=np.uint8)
+    for first in range(0, nb, GROUP_BLOCKS):
+        n = min(GROUP_BLOCKS, nb - first)
+        group = packed[:, first * 24:(first + n) * 24]
+        group[:, :4 * n] = d[:, first:first + n].view(np.uint8).reshape(out, -1)
+        group[:, 4 * n:8 * n] = m[:, first:first + n].view(np.uint8).reshape(out, -1)
+        group[:, 8 * n:] = raw[:, first:first + n, -16:].reshape(out, -1)
+    return packed
 
 
 class BlockMatrix:
@@ -189,6 +202,27 @@ class BlockMatrix:
         y = torch.empty(n_tokens, self.out, dtype=torch.float32)
         _kernels().triforce_block_matmul(self.code, self.pointer, self.out, width, x.data_ptr(), n_tokens,
                                          y.data_ptr(), torch.get_num_threads())
+        return y
+
+    @property
+    def drafts_int8(self) -> bool:
+        """Whether matmul_int8 runs the int8-activation kernel (the repacked 4-bit kinds)."""
+        return self.code == KIND_CODES["Q4_0"]
+
+    def matmul_int8(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] float32 @ W.T -> [T, out] float32 with x quantized to int8 per block of 32: a
+        drafter's approximation of matmul (about a third of its time at one token), never the
+        target's. Kinds without the int8 kernel (Q8_0) run matmul."""
+        if not self.drafts_int8:
+            return self.matmul(x)
+        if not x.is_contiguous():
+            x = x.contiguous()
+        n_tokens, width = x.shape
+        y = torch.empty(n_tokens, self.out, dtype=torch.float32)
+        rc = _kernels().triforce_block_matmul_q8a(self.pointer, self.out, width, x.data_ptr(), n_tokens,
+                                                  y.data_ptr(), torch.get_num_threads())
+        if rc:
+            raise ValueError(f"int8-activation matmul rejected x {tuple(x.shape)} ({rc})")
         return y
 
 

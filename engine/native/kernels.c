@@ -14,6 +14,7 @@
  * 512-bit version where the compiler targets AVX-512 (1.3-1.6x the 8-lane tile on a Zen 5 EPYC).
  */
 #include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,16 +54,19 @@ static inline v8f s8_to_f(const int8_t *p) {
 #endif
 static inline v8f vmax(v8f a, v8f b) { v8i gt = a > b; return (v8f)((gt & (v8i)a) | (~gt & (v8i)b)); }
 
-int triforce_kernels_version(void) { return 6; }
+int triforce_kernels_version(void) { return 7; }
 
 /* ------------------------------------------------------------------ weights: GGUF blocks
  * The weight is the file's own blocks, [out, nb] blocks of 32 weights of one row:
  *   Q4_0: [d f16][16 bytes] w = d * (q - 8)   Q4_1: [d f16][m f16][16 bytes] w = d * q + m
  *   Q8_0: [d f16][32 int8]  w = d * q
- * Q8_0 is read as stored (kind 8). The 4-bit kinds are read repacked (kind 6, engine/native): the
- * same nibbles after d and m widened to float32 ([d f32][m f32][16 bytes], Q4_0's m = -8 d, exact),
- * so no block pays two half-to-float conversions and broadcasts (a quarter of a 1-token matmul of
- * the bundled model's Q4_1 layers); the products are the same bits.
+ * Q8_0 is read as stored (kind 8). The 4-bit kinds are read repacked (kind 6, engine/native): d and
+ * m widened to float32 (Q4_0's m = -8 d, exact), so no block pays two half-to-float conversions and
+ * broadcasts (a quarter of a 1-token matmul of the bundled model's Q4_1 layers), and the blocks of a
+ * row grouped by four: [d0..d3 f32][m0..m3 f32][the file's 16 bytes of b0]..[b3] (a row's last group
+ * may hold 1-3 blocks, laid out alike), so the int8-activation kernel below reads a group's 128
+ * nibbles in one load and its four scales in another. 24 bytes a block either way. The float kernel reads the same
+ * floats and nibbles per block: its products are the same bits as from the file's layout.
  * In a 4-bit block, byte j holds element j (low nibble) and element j + 16 (high nibble). The
  * weights are widened to float32 in registers (Q4_0's as d * q + (-8 d), which is exactly d * (q - 8))
  * and multiplied with float32 activations x [T, in]: y [T, out], in = 32 nb. Tokens are taken up to
@@ -87,17 +91,27 @@ static inline float half_to_float(const uint8_t *p) {
 #endif
 }
 
-static inline int block_bytes(int kind) { return kind == 8 ? 34 : 24; }
+#define GROUP_BLOCKS 4
+#define GROUP_BYTES (GROUP_BLOCKS * (8 + 16))
 
-/* a block's scale d and offset m: Q8_0's d as stored (f16; m unused), the repacked 4-bit kinds' float32 */
-static inline void block_scales(int kind, const uint8_t *blk, float *d, float *m) {
+/* bytes of one row of nb blocks */
+static inline int64_t row_bytes(int kind, int64_t nb) { return (kind == 8 ? 34 : 24) * nb; }
+
+/* block b of a row of nb: its scale d, offset m and where its quants start (Q8_0: d as stored, f16,
+ * m unused; the repacked 4-bit kinds: float32, in the block's group of n) */
+static inline const uint8_t *block_at(int kind, const uint8_t *row, int64_t nb, int64_t b, float *d, float *m) {
     if (kind == 8) {
+        const uint8_t *blk = row + 34 * b;
         *d = half_to_float(blk);
         *m = 0.0f;
-    } else {
-        memcpy(d, blk, 4);
-        memcpy(m, blk + 4, 4);
+        return blk + 2;
     }
+    const int64_t first = b / GROUP_BLOCKS * GROUP_BLOCKS;
+    const int n = nb - first < GROUP_BLOCKS ? (int)(nb - first) : GROUP_BLOCKS, k = (int)(b - first);
+    const uint8_t *g = row + first * 24;
+    memcpy(d, g + 4 * k, 4);
+    memcpy(m, g + 4 * n + 4 * k, 4);
+    return g + 8 * n + 16 * k;
 }
 
 #define TOKENS_PER_PASS 8
@@ -179,18 +193,17 @@ static inline void widen16_q8(const int8_t *q, float d, __m512 w[2]) {
 static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *blocks, int64_t nb,
                                                        const float *x, int64_t in, int64_t t0, int nt,
                                                        float *y, int64_t out, int64_t o, int nr) {
-    const int bb = block_bytes(kind);
+    const int64_t rb = row_bytes(kind, nb);
     __m512 acc[ROWS_PER_PASS][TOKENS_PER_PASS][2];  /* only [nr][nt] used */
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         for (int r = 0; r < nr; r++) {
-            const uint8_t *blk = blocks + ((o + r) * nb + b) * bb;
             float d, m;
-            block_scales(kind, blk, &d, &m);
+            const uint8_t *qp = block_at(kind, blocks + (o + r) * rb, nb, b, &d, &m);
             __m512 w[2];
-            if (kind == 8) widen16_q8((const int8_t *)(blk + 2), d, w);
-            else widen16_q4(blk + 8, d, m, w);
+            if (kind == 8) widen16_q8((const int8_t *)qp, d, w);
+            else widen16_q4(qp, d, m, w);
             for (int t = 0; t < nt; t++) {
                 const float *xp = x + (t0 + t) * in + 32 * b;
                 acc[r][t][0] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xp), acc[r][t][0]);
@@ -213,17 +226,16 @@ static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *
 static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *blocks, int64_t nb,
                                                        const float *x, int64_t in, int64_t t0, int nt,
                                                        float *y, int64_t out, int64_t o, int nr) {
-    const int bb = block_bytes(kind);
+    const int64_t rb = row_bytes(kind, nb);
     v8f acc[ROWS_PER_PASS][TOKENS_PER_PASS][2];  /* only [nr][nt] used */
     memset(acc, 0, sizeof acc);
     for (int64_t b = 0; b < nb; b++) {
         for (int r = 0; r < nr; r++) {
-            const uint8_t *blk = blocks + ((o + r) * nb + b) * bb;
             float d, m;
-            block_scales(kind, blk, &d, &m);
+            const uint8_t *qp = block_at(kind, blocks + (o + r) * rb, nb, b, &d, &m);
             v8f w[4];
-            if (kind == 8) widen_q8((const int8_t *)(blk + 2), d, w);
-            else widen_q4(blk + 8, d, m, w);
+            if (kind == 8) widen_q8((const int8_t *)qp, d, w);
+            else widen_q4(qp, d, m, w);
             for (int t = 0; t < nt; t++) {
                 const float *xp = x + (t0 + t) * in + 32 * b;
                 acc[r][t][0] = fmadd8(w[0], load8(xp), acc[r][t][0]);
@@ -238,7 +250,7 @@ static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *
 }
 #endif
 
-/* kind: 6 (Q4_0 or Q4_1 repacked), 8 (Q8_0); blocks [out, in / 32] of block_bytes(kind) each. */
+/* kind: 6 (Q4_0 or Q4_1 repacked), 8 (Q8_0); blocks [out, row_bytes(kind, in / 32)]. */
 void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t in,
                            const float *x, int64_t T, float *y, int threads) {
     const int64_t nb = in / 32;
@@ -275,6 +287,134 @@ void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t
             }
         }
     }
+}
+
+/* ------------------------------------------------------------------ int8 activations: a drafter's matmul
+ * NOT the target's arithmetic, and used only where a level drafts (L1, whose every token L2 checks, so
+ * the output stays exact): each row of x is quantized per block of 32 to int8 (d_a = max |x| / 127,
+ * q_a = x / d_a rounded), the 4-bit weights' integer products are summed exactly (AVX512-VNNI: 64
+ * products an instruction), and y = sum over blocks of d_w d_a isum + m_w d_a sum(q_a). Per group of
+ * four blocks that is about 12 instructions where the float kernel spends about 50: a one-token
+ * forward's weights cost about a third. Only the repacked 4-bit kinds (kind 6). */
+typedef struct {
+    int8_t lo[16 * GROUP_BLOCKS], hi[16 * GROUP_BLOCKS];  /* block k's elements 0-15 at 16k, 16-31 at 16k */
+    float da[4 * GROUP_BLOCKS];  /* block k's d_a in lanes 4k..4k+3 (the lanes its products land in) */
+    float sa[GROUP_BLOCKS];      /* block k's d_a * sum(q_a), for the offset m */
+} ActGroup;
+
+static void quantize_activations(const float *x, int64_t nb, ActGroup *g) {
+    memset(g, 0, sizeof(ActGroup) * ((nb + GROUP_BLOCKS - 1) / GROUP_BLOCKS));  /* padding blocks: zeros */
+    for (int64_t b = 0; b < nb; b++) {
+        ActGroup *G = g + b / GROUP_BLOCKS;
+        const int k = (int)(b % GROUP_BLOCKS);
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            long q = lrintf(xb[j] * inv);
+            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            sum += (int)q;
+            if (j < 16) G->lo[16 * k + j] = (int8_t)q;
+            else G->hi[16 * k + j - 16] = (int8_t)q;
+        }
+        for (int i = 0; i < 4; i++) G->da[4 * k + i] = d;
+        G->sa[k] = d * (float)sum;
+    }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* one weight row against nt (1-4) quantized activation rows: y[t * ystride] */
+static inline __attribute__((always_inline)) void row_q8a(const uint8_t *row, int64_t nb, const ActGroup *q,
+                                                          int nt, float *y, int64_t ystride) {
+    const int64_t ng = (nb + GROUP_BLOCKS - 1) / GROUP_BLOCKS, full = nb / GROUP_BLOCKS;
+    const int tail = (int)(nb - full * GROUP_BLOCKS);
+    const __mmask64 tail_bytes = (1ULL << (16 * tail)) - 1;  /* tail < 4: at most 48 bits */
+    const __mmask8 tail_lanes = (__mmask8)((1u << tail) - 1);
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc[4];
+    __m128 off[4];
+    for (int t = 0; t < nt; t++) {
+        acc[t] = _mm512_setzero_ps();
+        off[t] = _mm_setzero_ps();
+    }
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *G = row + g * GROUP_BYTES;
+        __m512i w;
+        __m128 d4, mw;
+        if (g < full) {
+            w = _mm512_loadu_si512(G + 8 * GROUP_BLOCKS);
+            d4 = _mm_loadu_ps((const float *)G);
+            mw = _mm_loadu_ps((const float *)(G + 4 * GROUP_BLOCKS));
+        } else {  /* the last group's `tail` blocks, laid out alike; zeros for the absent ones */
+            w = _mm512_maskz_loadu_epi8(tail_bytes, G + 8 * tail);
+            d4 = _mm_maskz_loadu_ps(tail_lanes, G);
+            mw = _mm_maskz_loadu_ps(tail_lanes, G + 4 * tail);
+        }
+        const __m512i lo = _mm512_and_si512(w, mask), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+        const __m512 dw = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        for (int t = 0; t < nt; t++) {
+            const ActGroup *a = q + t * ng + g;
+            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(a->lo));
+            s = _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(a->hi));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_loadu_ps(a->da)), acc[t]);
+            off[t] = _mm_fmadd_ps(mw, _mm_loadu_ps(a->sa), off[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        __m128 o = _mm_add_ps(off[t], _mm_movehl_ps(off[t], off[t]));
+        o = _mm_add_ss(o, _mm_shuffle_ps(o, o, 1));
+        y[t * ystride] = _mm512_reduce_add_ps(acc[t]) + _mm_cvtss_f32(o);
+    }
+}
+#else
+static inline void row_q8a(const uint8_t *row, int64_t nb, const ActGroup *q, int nt, float *y, int64_t ystride) {
+    const int64_t ng = (nb + GROUP_BLOCKS - 1) / GROUP_BLOCKS;
+    for (int t = 0; t < nt; t++) {
+        float acc = 0.0f, off = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const ActGroup *a = q + t * ng + b / GROUP_BLOCKS;
+            const int k = (int)(b % GROUP_BLOCKS);
+            float d, m;
+            const uint8_t *nib = block_at(6, row, nb, b, &d, &m);
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += (nib[j] & 0x0F) * a->lo[16 * k + j] + (nib[j] >> 4) * a->hi[16 * k + j];
+            acc += (float)s * (d * a->da[4 * k]);
+            off += m * a->sa[k];
+        }
+        y[t * ystride] = acc + off;
+    }
+}
+#endif
+
+/* x [T, in] float32 @ W.T -> y [T, out], W repacked 4-bit blocks (kind 6) [out, row_bytes(6, in / 32)].
+ * ActGroups of absent blocks (past nb in a row's last group) hold zeros, as do the weights loaded there. */
+int triforce_block_matmul_q8a(const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
+                              float *y, int threads) {
+    if (in % 32 || T < 1) return -1;
+    const int64_t nb = in / 32, ng = (nb + GROUP_BLOCKS - 1) / GROUP_BLOCKS, rb = row_bytes(6, nb);
+    ActGroup *q = malloc(sizeof(ActGroup) * ng * T);
+    if (!q) return -2;
+    for (int64_t t = 0; t < T; t++) quantize_activations(x + t * in, nb, q + t * ng);
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t o = 0; o < out; o++) {
+        const uint8_t *row = blocks + o * rb;
+        for (int64_t t0 = 0; t0 < T; t0 += 4) {
+            const int nt = T - t0 < 4 ? (int)(T - t0) : 4;
+            const ActGroup *qt = q + t0 * ng;
+            float *yt = y + t0 * out + o;
+            switch (nt) {  /* constant counts keep the accumulators in registers */
+            case 1: row_q8a(row, nb, qt, 1, yt, out); break;
+            case 2: row_q8a(row, nb, qt, 2, yt, out); break;
+            case 3: row_q8a(row, nb, qt, 3, yt, out); break;
+            default: row_q8a(row, nb, qt, 4, yt, out); break;
+            }
+        }
+    }
+    free(q);
+    return 0;
 }
 
 /* ------------------------------------------------------------------ attention
