@@ -275,14 +275,14 @@ def test_every_mode_is_lossless_on_the_quantized_target(tiny_pair, sample_text, 
     assert got == reference  # bit-identical forwards (exact_attention.py + the row-wise kernel): no near-tie excuse
 
 
-def test_l1_drafts_with_int8_activations_and_the_answer_stays_ar(tiny_pair, sample_text, monkeypatch):
+def test_l1_drafts_with_int16_activations_and_the_answer_stays_ar(tiny_pair, sample_text, monkeypatch):
     """On the file's 4-bit blocks L1 (the target on its retrieval cache) runs its projections on int8
     activations; L2's forwards never do, so retrieval-only and triforce still give ar's tokens."""
     target = tiny_pair[0]
-    assert target.runner.drafts_int8 and not tiny_pair[1].runner.drafts_int8  # the float32 oracle has no blocks
+    assert target.runner.drafts_int16 and not tiny_pair[1].runner.drafts_int16  # the float32 oracle has no blocks
     calls = []
-    real = native.BlockMatrix.matmul_int8
-    monkeypatch.setattr(native.BlockMatrix, "matmul_int8", lambda self, x: calls.append(x.shape[0]) or real(self, x))
+    real = native.BlockMatrix.matmul_int16
+    monkeypatch.setattr(native.BlockMatrix, "matmul_int16", lambda self, x: calls.append(x.shape[0]) or real(self, x))
     doc = [DocumentText("Hamlet", sample_text[:3000])]
     messages = [ChatMessage("user", "Repeat the first line of the play.")]
     base = DecodeSettings(max_new_tokens=40, budget=64, chunk=16)

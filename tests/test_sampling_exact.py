@@ -171,7 +171,7 @@ def test_auto_matches_exact_target_distribution(models, script, drafter):
 
 def quantized(runner: LlamaRunner) -> LlamaRunner:
     """`runner` with its layers' projections as Q4_1 blocks: a quantized target, whose L1 drafts
-    with int8 activations (an approximation of it, as a retrieval cache is)."""
+    with int16 activations (an approximation of it, as a retrieval cache is)."""
     for layer in runner.layers:
         for name in ("wqkv", "wo", "w_gate_up", "w_down"):
             w = getattr(layer, name)
@@ -184,13 +184,13 @@ def quantized(runner: LlamaRunner) -> LlamaRunner:
 @pytest.mark.skipif(not native.available(), reason="no native kernels")
 @pytest.mark.parametrize("mode", ["retrieval-only", "triforce"])
 def test_an_int8_l1_keeps_the_quantized_targets_distribution(mode, monkeypatch):
-    """L1's projections on int8 activations change only the drafts: the output is still distributed
+    """L1's projections on int16 activations change only the drafts: the output is still distributed
     as the quantized target's own sampling."""
     target = quantized(tiny_runner(seed=0, logit_scale=1.5))
-    assert target.drafts_int8
+    assert target.drafts_int16
     calls = []
-    real = native.BlockMatrix.matmul_int8
-    monkeypatch.setattr(native.BlockMatrix, "matmul_int8", lambda self, x: calls.append(1) or real(self, x))
+    real = native.BlockMatrix.matmul_int16
+    monkeypatch.setattr(native.BlockMatrix, "matmul_int16", lambda self, x: calls.append(1) or real(self, x))
     first = 5
     exact = exact_distribution(target, first, STEPS)
     assert not calls  # the target's own forwards never take it
@@ -198,7 +198,7 @@ def test_an_int8_l1_keeps_the_quantized_targets_distribution(mode, monkeypatch):
     assert calls
     for i in range(STEPS):
         p_value = chi_square_p_value(counts[i], exact[i])
-        assert p_value > 1e-3, f"token {i + 2}: {mode} with an int8 L1 differs (p={p_value:.2e})"
+        assert p_value > 1e-3, f"token {i + 2}: {mode} with an int16 L1 differs (p={p_value:.2e})"
 
 
 def test_the_test_catches_the_reference_l1_correction_bug(models):

@@ -140,16 +140,16 @@ class QuantWeight:
         return y if y.shape[1] == self.out_features else y[:, :self.out_features]
 
     @property
-    def drafts_int8(self) -> bool:
-        """Whether matmul_draft runs the int8-activation kernel (a native 4-bit weight)."""
-        return self.native and self._native.drafts_int8
+    def drafts_int16(self) -> bool:
+        """Whether matmul_draft runs the int16-activation kernel (a native 4-bit weight)."""
+        return self.native and self._native.drafts_int16
 
     def matmul_draft(self, x: torch.Tensor) -> torch.Tensor:
-        """matmul for a drafting level: x quantized to int8 per block of 32 where the kernel has that
-        path (a one-token step at about a third of matmul's time), else matmul itself. Approximate:
-        only a level whose tokens the target checks may use it."""
-        if x.shape[0] <= DENSE_ABOVE and self.drafts_int8:
-            return self._native.matmul_int8(x.float())
+        """matmul for a drafting level: x quantized to int16 per block of 32 where the kernel has
+        that path (within ~2e-5 of matmul, cheaper), else matmul itself. Approximate: only a level
+        whose tokens the target checks may use it."""
+        if x.shape[0] <= DENSE_ABOVE and self.drafts_int16:
+            return self._native.matmul_int16(x.float())
         return self.matmul(x)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:

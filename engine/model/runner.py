@@ -133,7 +133,7 @@ def linear(x: torch.Tensor, weight, packed: torch.Tensor | None = None,
            bias: torch.Tensor | None = None, draft: bool = False) -> torch.Tensor:
     """x [T, in] @ weight[out, in].T (+ bias), through the prepacked oneDNN copy when there is one.
     `weight` is a float tensor or the model file's own blocks (anything with .matmul: quant.py);
-    `draft`: a drafting level's forward, which may take the blocks' int8-activation path."""
+    `draft`: a drafting level's forward, which may take the blocks' int16-activation path."""
     if not isinstance(weight, torch.Tensor):
         y = weight.matmul_draft(x) if draft else weight.matmul(x)  # [T, out] float32
         return y if bias is None else y + bias
@@ -237,17 +237,17 @@ class LlamaRunner:
         return linear(h, self.lm_head, self._lm_head_packed)
 
     @property
-    def drafts_int8(self) -> bool:
-        """Whether forward(draft=True) computes the layers' projections with int8 activations (the
+    def drafts_int16(self) -> bool:
+        """Whether forward(draft=True) computes the layers' projections with int16 activations (the
         model file's 4-bit blocks on the native kernels): a cheaper, approximate forward for L1."""
-        return any(getattr(w, "drafts_int8", False) for w in (self.layers[0].wqkv, self.layers[0].w_gate_up))
+        return any(getattr(w, "drafts_int16", False) for w in (self.layers[0].wqkv, self.layers[0].w_gate_up))
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 last_only: bool = False, draft: bool = False) -> torch.Tensor:
         """tokens, positions [T] (int64) -> logits [T, V] float32 (or [1, V] with last_only).
-        draft: a drafting level's forward (L1): the projections may run with int8 activations
-        (drafts_int8), so its logits approximate the target's; the target's own forwards never set it."""
+        draft: a drafting level's forward (L1): the projections may run with int16 activations
+        (drafts_int16), so its logits approximate the target's; the target's own forwards never set it."""
         arch = self.arch
         n_new = tokens.shape[0]
         q_size, kv_end = arch.n_heads * arch.head_dim, arch.n_heads + arch.n_kv_heads

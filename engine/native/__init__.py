@@ -88,8 +88,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.triforce_block_matmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
     lib.triforce_block_matmul.restype = None
-    lib.triforce_block_matmul_q8a.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32]
-    lib.triforce_block_matmul_q8a.restype = i32
+    lib.triforce_block_matmul_q16a.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32]
+    lib.triforce_block_matmul_q16a.restype = i32
     lib.triforce_attention.argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, i32]
     lib.triforce_attention.restype = i32
     lib.triforce_rms_norm.argtypes = [ptr, ptr, i64, i64, ctypes.c_float, ptr]
@@ -164,7 +164,7 @@ def repack_q4(kind: str, blocks: np.ndarray) -> np.ndarray:
     (a row's last group may hold 1-3) their d and m as float32 (Q4_0's m = -8 d, exact: a power of
     two), then the same 16 bytes of nibbles of each. The float kernel reads each block's scales as
     they are, where it converted two halves and broadcast them (a quarter of a 1-token matmul of the
-    bundled model's layers), and its products keep their bits; the int8-activation kernel reads a
+    bundled model's layers), and its products keep their bits; the int16-activation kernel reads a
     group's nibbles and its scales in one load each."""
     out = blocks.shape[0]
     raw = np.ascontiguousarray(blocks).reshape(out, -1, _FILE_BLOCK_BYTES[kind])  # [out, nb, bytes]
@@ -205,24 +205,24 @@ class BlockMatrix:
         return y
 
     @property
-    def drafts_int8(self) -> bool:
-        """Whether matmul_int8 runs the int8-activation kernel (the repacked 4-bit kinds)."""
+    def drafts_int16(self) -> bool:
+        """Whether matmul_int16 runs the int16-activation kernel (the repacked 4-bit kinds)."""
         return self.code == KIND_CODES["Q4_0"]
 
-    def matmul_int8(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, in] float32 @ W.T -> [T, out] float32 with x quantized to int8 per block of 32: a
-        drafter's approximation of matmul (about a third of its time at one token), never the
-        target's. Kinds without the int8 kernel (Q8_0) run matmul."""
-        if not self.drafts_int8:
+    def matmul_int16(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] float32 @ W.T -> [T, out] float32 with x quantized to int16 per block of 32
+        (within ~2e-5 of matmul, in about half its time at one token with the weights in cache): a
+        drafter's approximation of matmul, never the target's. Q8_0 weights run matmul."""
+        if not self.drafts_int16:
             return self.matmul(x)
         if not x.is_contiguous():
             x = x.contiguous()
         n_tokens, width = x.shape
         y = torch.empty(n_tokens, self.out, dtype=torch.float32)
-        rc = _kernels().triforce_block_matmul_q8a(self.pointer, self.out, width, x.data_ptr(), n_tokens,
-                                                  y.data_ptr(), torch.get_num_threads())
+        rc = _kernels().triforce_block_matmul_q16a(self.pointer, self.out, width, x.data_ptr(), n_tokens,
+                                                   y.data_ptr(), torch.get_num_threads())
         if rc:
-            raise ValueError(f"int8-activation matmul rejected x {tuple(x.shape)} ({rc})")
+            raise ValueError(f"int16-activation matmul rejected x {tuple(x.shape)} ({rc})")
         return y
 
 

@@ -64,7 +64,7 @@ int triforce_kernels_version(void) { return 7; }
  * m widened to float32 (Q4_0's m = -8 d, exact), so no block pays two half-to-float conversions and
  * broadcasts (a quarter of a 1-token matmul of the bundled model's Q4_1 layers), and the blocks of a
  * row grouped by four: [d0..d3 f32][m0..m3 f32][the file's 16 bytes of b0]..[b3] (a row's last group
- * may hold 1-3 blocks, laid out alike), so the int8-activation kernel below reads a group's 128
+ * may hold 1-3 blocks, laid out alike), so the int16-activation kernel below reads a group's 128
  * nibbles in one load and its four scales in another. 24 bytes a block either way. The float kernel reads the same
  * floats and nibbles per block: its products are the same bits as from the file's layout.
  * In a 4-bit block, byte j holds element j (low nibble) and element j + 16 (high nibble). The
@@ -289,51 +289,54 @@ void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t
     }
 }
 
-/* ------------------------------------------------------------------ int8 activations: a drafter's matmul
+/* ------------------------------------------------------------------ int16 activations: a drafter's matmul
  * NOT the target's arithmetic, and used only where a level drafts (L1, whose every token L2 checks, so
- * the output stays exact): each row of x is quantized per block of 32 to int8 (d_a = max |x| / 127,
- * q_a = x / d_a rounded), the 4-bit weights' integer products are summed exactly (AVX512-VNNI: 64
- * products an instruction), and y = sum over blocks of d_w d_a isum + m_w d_a sum(q_a). Per group of
- * four blocks that is about 12 instructions where the float kernel spends about 50: a one-token
- * forward's weights cost about a third. Only the repacked 4-bit kinds (kind 6). */
+ * the output stays exact): each row of x is quantized per block of 32 to int16 (d_a = max |x| / 32767,
+ * q_a = x / d_a rounded), the 4-bit weights' integer products are summed exactly (AVX512-VNNI
+ * vpdpwssd: 32 products an instruction; a lane sums 4 products, below 2^24, so its float conversion is
+ * exact), and y = sum over blocks of d_w d_a isum + m_w d_a sum(q_a): within ~2e-5 of the float
+ * product. Per group of four blocks about 22 instructions where the float kernel spends about 50.
+ * (int8 activations, tried: 6e-3 off, and L1's acceptance fell 1.5 points at qa 1K and 8K, which
+ * cost what the faster products gained: docs/notes/cpu-speed.md, "Twentieth pass".)
+ * Only the repacked 4-bit kinds (kind 6). */
 typedef struct {
-    int8_t lo[16 * GROUP_BLOCKS], hi[16 * GROUP_BLOCKS];  /* block k's elements 0-15 at 16k, 16-31 at 16k */
-    float da[4 * GROUP_BLOCKS];  /* block k's d_a in lanes 4k..4k+3 (the lanes its products land in) */
+    int16_t lo[16 * GROUP_BLOCKS], hi[16 * GROUP_BLOCKS];  /* block k's elements 0-15 at 16k, 16-31 at 16k */
+    float da[2][16];  /* lanes of the two partial sums: [b0 x8 | b1 x8], [b2 x8 | b3 x8] */
     float sa[GROUP_BLOCKS];      /* block k's d_a * sum(q_a), for the offset m */
 } ActGroup;
 
 static void quantize_activations(const float *x, int64_t nb, ActGroup *g) {
-    memset(g, 0, sizeof(ActGroup) * ((nb + GROUP_BLOCKS - 1) / GROUP_BLOCKS));  /* padding blocks: zeros */
+    memset(g, 0, sizeof(ActGroup) * ((nb + GROUP_BLOCKS - 1) / GROUP_BLOCKS));
     for (int64_t b = 0; b < nb; b++) {
         ActGroup *G = g + b / GROUP_BLOCKS;
         const int k = (int)(b % GROUP_BLOCKS);
         const float *xb = x + 32 * b;
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const float d = amax / 32767.0f, inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
         int sum = 0;
         for (int j = 0; j < 32; j++) {
             long q = lrintf(xb[j] * inv);
-            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            q = q > 32767 ? 32767 : q < -32767 ? -32767 : q;
             sum += (int)q;
-            if (j < 16) G->lo[16 * k + j] = (int8_t)q;
-            else G->hi[16 * k + j - 16] = (int8_t)q;
+            if (j < 16) G->lo[16 * k + j] = (int16_t)q;
+            else G->hi[16 * k + j - 16] = (int16_t)q;
         }
-        for (int i = 0; i < 4; i++) G->da[4 * k + i] = d;
+        for (int i = 0; i < 8; i++) G->da[k / 2][8 * (k % 2) + i] = d;
         G->sa[k] = d * (float)sum;
     }
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-/* one weight row against nt (1-4) quantized activation rows: y[t * ystride] */
-static inline __attribute__((always_inline)) void row_q8a(const uint8_t *row, int64_t nb, const ActGroup *q,
-                                                          int nt, float *y, int64_t ystride) {
+static inline __attribute__((always_inline)) void row_q16a(const uint8_t *row, int64_t nb, const ActGroup *q,
+                                                           int nt, float *y, int64_t ystride) {
     const int64_t ng = (nb + GROUP_BLOCKS - 1) / GROUP_BLOCKS, full = nb / GROUP_BLOCKS;
     const int tail = (int)(nb - full * GROUP_BLOCKS);
     const __mmask64 tail_bytes = (1ULL << (16 * tail)) - 1;  /* tail < 4: at most 48 bits */
     const __mmask8 tail_lanes = (__mmask8)((1u << tail) - 1);
     const __m512i mask = _mm512_set1_epi8(0x0F);
-    const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i spread01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i spread23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
     __m512 acc[4];
     __m128 off[4];
     for (int t = 0; t < nt; t++) {
@@ -354,12 +357,21 @@ static inline __attribute__((always_inline)) void row_q8a(const uint8_t *row, in
             mw = _mm_maskz_loadu_ps(tail_lanes, G + 4 * tail);
         }
         const __m512i lo = _mm512_and_si512(w, mask), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
-        const __m512 dw = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        /* [b0 | b1] and [b2 | b3] elements 0-15 and 16-31, as int16 */
+        const __m512i lo01 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(lo));
+        const __m512i lo23 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(lo, 1));
+        const __m512i hi01 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi));
+        const __m512i hi23 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1));
+        const __m512 d512 = _mm512_castps128_ps512(d4);
+        const __m512 dw01 = _mm512_permutexvar_ps(spread01, d512), dw23 = _mm512_permutexvar_ps(spread23, d512);
         for (int t = 0; t < nt; t++) {
             const ActGroup *a = q + t * ng + g;
-            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(a->lo));
-            s = _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(a->hi));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_loadu_ps(a->da)), acc[t]);
+            __m512i s01 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), lo01, _mm512_loadu_si512(a->lo));
+            s01 = _mm512_dpwssd_epi32(s01, hi01, _mm512_loadu_si512(a->hi));
+            __m512i s23 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), lo23, _mm512_loadu_si512(a->lo + 32));
+            s23 = _mm512_dpwssd_epi32(s23, hi23, _mm512_loadu_si512(a->hi + 32));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s01), _mm512_mul_ps(dw01, _mm512_loadu_ps(a->da[0])), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s23), _mm512_mul_ps(dw23, _mm512_loadu_ps(a->da[1])), acc[t]);
             off[t] = _mm_fmadd_ps(mw, _mm_loadu_ps(a->sa), off[t]);
         }
     }
@@ -370,7 +382,7 @@ static inline __attribute__((always_inline)) void row_q8a(const uint8_t *row, in
     }
 }
 #else
-static inline void row_q8a(const uint8_t *row, int64_t nb, const ActGroup *q, int nt, float *y, int64_t ystride) {
+static inline void row_q16a(const uint8_t *row, int64_t nb, const ActGroup *q, int nt, float *y, int64_t ystride) {
     const int64_t ng = (nb + GROUP_BLOCKS - 1) / GROUP_BLOCKS;
     for (int t = 0; t < nt; t++) {
         float acc = 0.0f, off = 0.0f;
@@ -379,9 +391,9 @@ static inline void row_q8a(const uint8_t *row, int64_t nb, const ActGroup *q, in
             const int k = (int)(b % GROUP_BLOCKS);
             float d, m;
             const uint8_t *nib = block_at(6, row, nb, b, &d, &m);
-            int s = 0;
+            int64_t s = 0;
             for (int j = 0; j < 16; j++) s += (nib[j] & 0x0F) * a->lo[16 * k + j] + (nib[j] >> 4) * a->hi[16 * k + j];
-            acc += (float)s * (d * a->da[4 * k]);
+            acc += (float)s * (d * a->da[k / 2][8 * (k % 2)]);
             off += m * a->sa[k];
         }
         y[t * ystride] = acc + off;
@@ -391,8 +403,8 @@ static inline void row_q8a(const uint8_t *row, int64_t nb, const ActGroup *q, in
 
 /* x [T, in] float32 @ W.T -> y [T, out], W repacked 4-bit blocks (kind 6) [out, row_bytes(6, in / 32)].
  * ActGroups of absent blocks (past nb in a row's last group) hold zeros, as do the weights loaded there. */
-int triforce_block_matmul_q8a(const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
-                              float *y, int threads) {
+int triforce_block_matmul_q16a(const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
+                               float *y, int threads) {
     if (in % 32 || T < 1) return -1;
     const int64_t nb = in / 32, ng = (nb + GROUP_BLOCKS - 1) / GROUP_BLOCKS, rb = row_bytes(6, nb);
     ActGroup *q = malloc(sizeof(ActGroup) * ng * T);
@@ -406,10 +418,10 @@ int triforce_block_matmul_q8a(const uint8_t *blocks, int64_t out, int64_t in, co
             const ActGroup *qt = q + t0 * ng;
             float *yt = y + t0 * out + o;
             switch (nt) {  /* constant counts keep the accumulators in registers */
-            case 1: row_q8a(row, nb, qt, 1, yt, out); break;
-            case 2: row_q8a(row, nb, qt, 2, yt, out); break;
-            case 3: row_q8a(row, nb, qt, 3, yt, out); break;
-            default: row_q8a(row, nb, qt, 4, yt, out); break;
+            case 1: row_q16a(row, nb, qt, 1, yt, out); break;
+            case 2: row_q16a(row, nb, qt, 2, yt, out); break;
+            case 3: row_q16a(row, nb, qt, 3, yt, out); break;
+            default: row_q16a(row, nb, qt, 4, yt, out); break;
             }
         }
     }
