@@ -595,3 +595,39 @@ def test_an_interrupted_exploration_is_not_resumed_in_a_later_turn():
     p.new_turn()
     for _ in range(8):
         assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is not Mode.TRIFORCE
+
+
+def test_a_turn_starts_with_l1_selected_when_auto_would_run_it_if_free():
+    """An answer that ended on ar left the next one charging the retrieval cache's build to any L1
+    structure, so auto stayed on ar where retrieval-only was faster. At a new prompt the session now
+    builds the cache up front when the best structure, the build aside, is an L1 one already
+    measured; a switch to it then pays nothing."""
+    p = _measured_policy(l0_l2=0.05, l1_l2=0.9, l0_l1=0.05, l1_share=0.3)
+    p.l1_setup(6.4)  # dear enough that, charged, ar stays
+    p.new_turn()
+    p._realized[Mode.RETRIEVAL_ONLY] = (1.0, 1.0)  # measured in an earlier turn
+    assert p.l1_ahead(AUTO, has_l0=True, context_tokens=8000)
+    assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is Mode.AR  # the build charged
+    p.new_turn()
+    p.l1_built()
+    p._settled = False
+    assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is Mode.RETRIEVAL_ONLY
+    # not where L1 loses, nor where its cache would hold half the context, nor under a fixed mode
+    assert not _measured_policy(l0_l2=0.05, l1_l2=0.3, l0_l1=0.05, l1_share=0.9).l1_ahead(AUTO, True, 8000)
+    assert not p.l1_ahead(AUTO, has_l0=True, context_tokens=8000, budget=4000)
+    assert not p.l1_ahead(AUTO.replace(mode="ar"), has_l0=True, context_tokens=8000)
+
+
+def test_a_session_selects_l1_up_front_when_the_policy_expects_it(tiny, sample_text, monkeypatch):
+    doc = [DocumentText("Hamlet", sample_text[:3000])]
+    session = ChatSession(tiny, DecodeSettings(mode="auto", budget=64, chunk=16, max_new_tokens=8),
+                          draft="ngram", capacity=2048)
+    session.decoder.policy.forced = [Structure(Mode.AR)]
+    answer_tokens(session, [ChatMessage("user", "Who is Horatio?")], doc)
+    rebuilds = session.decoder.rebuilds
+    monkeypatch.setattr(Policy, "l1_ahead", lambda self, *a, **k: True)
+    answer_tokens(session, [ChatMessage("user", "Who is Ophelia?")], doc)
+    assert session.decoder.rebuilds == rebuilds + 1 and session.decoder.policy._l1_live
+    monkeypatch.setattr(Policy, "l1_ahead", lambda self, *a, **k: False)
+    answer_tokens(session, [ChatMessage("user", "Who is Laertes?")], doc)
+    assert session.decoder.rebuilds == rebuilds + 1  # ar last, nothing expected: left lazy

@@ -103,12 +103,17 @@ class Policy:
     _incumbent: Structure | None = None  # what a probe cycle interrupted (None: the current structure)
     lookups: LookupLog = field(default_factory=LookupLog)  # n-gram lookups at every position, for the replay
     setup_s: float | None = None  # seconds to build the retrieval cache for a prompt (moving average)
-    _l1_live: bool = False  # an L1 structure ran in this turn: its retrieval cache is built
+    _l1_live: bool = False  # the retrieval cache is built for this turn's prompt (up front, or an L1 structure ran)
 
     def new_turn(self) -> None:
         """A new prompt: score afresh at the next cycle (an L1 structure must first build its cache)."""
         self._settled = False
         self._l1_live = False
+
+    def l1_built(self) -> None:
+        """The retrieval cache was selected for this prompt before its first token: a switch to an
+        L1 structure in this turn has no build to pay for."""
+        self._l1_live = True
 
     def l1_setup(self, seconds: float) -> None:
         """A cycle first built the retrieval cache for this prompt (or budget) in `seconds`."""
@@ -181,6 +186,26 @@ class Policy:
         if plain is not None and best.mode is not Mode.AR and predicted[best] > self._gain(best, Structure(Mode.AR)) * plain:
             best = Structure(Mode.AR)  # a predicted gain smaller than the model's own error
         return self._ran(best)
+
+    def l1_ahead(self, settings: DecodeSettings, has_l0: bool, context_tokens: int, budget: int | None = None) -> bool:
+        """Under auto, at a new prompt: would the best structure use L1 if its retrieval cache cost
+        nothing to build? Then the session builds it before the first token, as a fixed L1 mode
+        does, instead of charging the build to the answer. (Built only when the last structure ran
+        L1, an answer that ended on ar or a probe left the next paying the build: in the grid of
+        2026-12-03 16:03 auto ran ar at qa 4K and 8K in four answers of five, where fixed
+        retrieval-only ran 1.02-1.07x faster than ar.) Only L1 structures measured in earlier
+        turns count: an unexplored one is explored, build and all, in its own cycles."""
+        if Mode.of(settings.mode) is not Mode.AUTO or not self.retrieval_pays(budget or settings.budget, context_tokens):
+            return False
+        self._memo.clear()
+        modes = [m for m in (Mode.AR, Mode.DRAFT_ONLY, Mode.RETRIEVAL_ONLY, Mode.TRIFORCE) if has_l0 or not m.uses_l0]
+        scored = [(ms, s) for ms, s in (self._best_of(m, settings) for m in modes) if ms is not None]
+        if not scored:
+            return False
+        best_ms, best = min(scored, key=lambda x: x[0])
+        plain = next((ms for ms, s in scored if s.mode is Mode.AR), None)
+        return (best.mode.uses_l1 and self._explored(best.mode)
+                and (plain is None or best_ms <= self._gain(best, Structure(Mode.AR)) * plain))
 
     @staticmethod
     def retrieval_pays(budget: int, context_tokens: int) -> bool:

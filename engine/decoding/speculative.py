@@ -113,8 +113,11 @@ class HierarchicalDecoder:
         else:
             self._budget = None
         mode, last = Mode.of(self.settings.mode), self.policy.current
-        if mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY) or (mode is Mode.AUTO and last is not None and last.mode.uses_l1):
-            self.rebuild()  # with the prompt, as a fixed mode does (auto: it ran L1 last, so likely again)
+        auto_l1 = mode is Mode.AUTO and ((last is not None and last.mode.uses_l1) or self.policy.l1_ahead(
+            self.settings, not isinstance(self.drafter, NoDrafter), self.full.length, self.budget()))
+        if mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY) or auto_l1:
+            self.rebuild()  # with the prompt, as a fixed mode does (auto: it ran L1 last or expects to)
+            self.policy.l1_built()
         else:
             self._stale = True
 
