@@ -327,7 +327,7 @@ static void quantize_activations(const float *x, int64_t nb, ActGroup *g) {
     }
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)  /* VL: the 128-bit masked loads */
 static inline __attribute__((always_inline)) void row_q16a(const uint8_t *row, int64_t nb, const ActGroup *q,
                                                            int nt, float *y, int64_t ystride) {
     const int64_t ng = (nb + GROUP_BLOCKS - 1) / GROUP_BLOCKS, full = nb / GROUP_BLOCKS;
