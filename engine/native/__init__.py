@@ -194,13 +194,15 @@ class BlockMatrix:
         self.array = repack_q4(kind, blocks) if kind in _FILE_BLOCK_BYTES else np.ascontiguousarray(blocks)
         self.code, self.pointer, self.out = KIND_CODES[kind], self.array.ctypes.data, self.array.shape[0]
 
+    def _operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x made contiguous, and the output y [T, out] float32 a kernel writes."""
+        x = x if x.is_contiguous() else x.contiguous()
+        return x, torch.empty(x.shape[0], self.out, dtype=torch.float32)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] float32 @ W.T -> [T, out] float32."""
-        if not x.is_contiguous():
-            x = x.contiguous()
-        n_tokens, width = x.shape
-        y = torch.empty(n_tokens, self.out, dtype=torch.float32)
-        _kernels().triforce_block_matmul(self.code, self.pointer, self.out, width, x.data_ptr(), n_tokens,
+        x, y = self._operands(x)
+        _kernels().triforce_block_matmul(self.code, self.pointer, self.out, x.shape[1], x.data_ptr(), x.shape[0],
                                          y.data_ptr(), torch.get_num_threads())
         return y
 
@@ -215,11 +217,8 @@ class BlockMatrix:
         drafter's approximation of matmul, never the target's. Q8_0 weights run matmul."""
         if not self.drafts_int16:
             return self.matmul(x)
-        if not x.is_contiguous():
-            x = x.contiguous()
-        n_tokens, width = x.shape
-        y = torch.empty(n_tokens, self.out, dtype=torch.float32)
-        rc = _kernels().triforce_block_matmul_q16a(self.pointer, self.out, width, x.data_ptr(), n_tokens,
+        x, y = self._operands(x)
+        rc = _kernels().triforce_block_matmul_q16a(self.pointer, self.out, x.shape[1], x.data_ptr(), x.shape[0],
                                                    y.data_ptr(), torch.get_num_threads())
         if rc:
             raise ValueError(f"int16-activation matmul rejected x {tuple(x.shape)} ({rc})")
