@@ -1,0 +1,86 @@
+"""The retrieval level's side of the `auto` policy (engine/decoding/policy.py): whether an L1
+structure can pay at all at this context, the retrieval budget for the next turn, what a switch to
+L1 costs while its cache is not built for the prompt, and whether to build it before the first token.
+"""
+from __future__ import annotations
+
+from engine.decoding.structure import Structure
+from engine.settings import DecodeSettings, Mode
+
+L1_MAX_SHARE = 0.5  # under auto, L1 structures only while the retrieval cache holds < half the context
+SETUP_HORIZON = 64  # a retrieval cache built to switch to an L1 structure must pay for itself in 64 tokens
+
+
+class RetrievalChoices:
+    """Methods of Policy (its base class) about the retrieval cache. They read and set Policy's
+    fields: acceptance, costs, setup_s, _l1_live, _budget_moved, _memo; and call its scoring
+    (_auto_modes, _best_of, _explored, _gain)."""
+
+    def l1_built(self) -> None:
+        """The retrieval cache was selected for this prompt before its first token: a switch to an
+        L1 structure in this turn has no build to pay for."""
+        self._l1_live = True
+
+    def l1_setup(self, seconds: float) -> None:
+        """A cycle first built the retrieval cache for this prompt (or budget) in `seconds`."""
+        self.setup_s = seconds if self.setup_s is None else 0.5 * (self.setup_s + seconds)
+
+    def l1_ahead(self, settings: DecodeSettings, has_l0: bool, context_tokens: int, budget: int | None = None) -> bool:
+        """Under auto, at a new prompt: would the best structure use L1 if its retrieval cache cost
+        nothing to build? Then the session builds it before the first token, as a fixed L1 mode
+        does, instead of charging the build to the answer. (Built only when the last structure ran
+        L1, an answer that ended on ar or a probe left the next paying the build: in the grid of
+        2026-12-03 16:03 auto ran ar at qa 4K and 8K in four answers of five, where fixed
+        retrieval-only ran 1.02-1.07x faster than ar.) Only L1 structures measured in earlier
+        turns count: an unexplored one is explored, build and all, in its own cycles."""
+        if Mode.of(settings.mode) is not Mode.AUTO or not self.retrieval_pays(budget or settings.budget, context_tokens):
+            return False
+        self._memo.clear()
+        modes = self._auto_modes(settings, has_l0, context_tokens, budget)
+        scored = [(ms, s) for ms, s in (self._best_of(m, settings) for m in modes) if ms is not None]
+        if not scored:
+            return False
+        best_ms, best = min(scored, key=lambda x: x[0])
+        plain = next((ms for ms, s in scored if s.mode is Mode.AR), None)
+        return (best.mode.uses_l1 and self._explored(best.mode)
+                and (plain is None or best_ms <= self._gain(best, Structure(Mode.AR)) * plain))
+
+    @staticmethod
+    def retrieval_pays(budget: int, context_tokens: int) -> bool:
+        """Can a structure with an L1 level beat ar and draft-only at all? Not while the retrieval
+        cache holds L1_MAX_SHARE of the context or more: its forwards then cost nearly what L2's do
+        (the weights dominate a small model's forward on a CPU; in no grid did an L1 structure beat ar
+        or draft-only by more than 1 % at 1-2K, even with a retrieval cache an eighth of it). Left
+        in, noise in a few timings made auto explore and re-pick them (trace of 2026-12-02, qa 2K:
+        triforce g1=2 g2=2 for 10 cycles at 33-37 ms/token beside ar's 26-28)."""
+        return min(budget, context_tokens) < L1_MAX_SHARE * context_tokens
+
+    def choose_budget(self, settings: DecodeSettings, budget: int, context_tokens: int) -> int:
+        """The retrieval budget for the next turn (a whole number of chunks): larger when L1 is cheap
+        next to L2 but misses, smaller when it hardly misses and costs nearly as much as L2."""
+        acc, c1, c2 = self.acceptance["l1_l2"], self.costs.estimate("l1", 1), self.costs.estimate("l2", 1)
+        if not acc.known or c1 is None or c2 is None:
+            return budget
+        chunk = settings.chunk
+        new = budget
+        if acc.rate < 0.7 and c1 < 0.5 * c2:
+            new = max(budget, min(budget * 2, context_tokens // 2 // chunk * chunk))
+        elif acc.rate > 0.95 and c1 > 0.5 * c2 and budget >= 4 * chunk:
+            new = budget // 2 // chunk * chunk
+        direction = (new > budget) - (new < budget)
+        if direction and direction == -self._budget_moved:
+            return budget  # never back: each rule fired on acceptance measured at the other budget
+        if new != budget:  # (at qa 8K they took turns, 992 -> 496 -> 992 -> 496, each time
+            self._budget_moved = direction  # forgetting L1's costs, at 0.78x fixed retrieval-only)
+            self.costs.forget("l1")  # L1's cost changes with its size: measure it again
+        return new
+
+    def _switch_cost(self, s: Structure, remaining: int | None) -> float:
+        """Seconds per token a switch to `s` adds: an L1 structure whose cache is not built for this
+        prompt pays the build (300-700 ms at 8K) over SETUP_HORIZON tokens, or the answer's last
+        ones if fewer. (Left out, auto at qa 8K went back to L1 structures, each time rebuilding,
+        where ar was faster; with 6 tokens left at qa 4K it built one for 2 cycles, 211 and 146 ms.)"""
+        if not s.mode.uses_l1 or self._l1_live or self.setup_s is None:
+            return 0.0
+        horizon = SETUP_HORIZON if remaining is None else max(1, min(SETUP_HORIZON, remaining))
+        return self.setup_s / horizon
