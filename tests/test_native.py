@@ -305,3 +305,23 @@ def test_q8_0_weights_draft_through_the_float_kernel():
     matrix = native.BlockMatrix("Q8_0", blocks)
     x = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
     assert not matrix.drafts_int16 and torch.equal(matrix.matmul_int16(x), matrix.matmul(x))
+
+
+def test_the_float16_stores_round_as_torch_does(tmp_path):
+    """The whole-layer call (engine/model/fused_layers.py) stores K/V as float16 itself: round to
+    nearest even, as torch's copy does, with F16C and in the plain-C body a CPU without it builds
+    (ties, subnormals, the overflow edge at 65520, infinities and NaN)."""
+    special = [0.0, -0.0, 1.0, 65504.0, 65519.99, 65520.0, -70000.0, 5.96e-8, 2.98e-8, 2.99e-8, 8.9e-8,
+               6.1e-5, 6.09e-5, 1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11, float("inf"), float("-inf")]
+    x = torch.cat([torch.tensor(special), torch.randn(4000, generator=torch.Generator().manual_seed(3)) * 300,
+                   torch.randn(1000, generator=torch.Generator().manual_seed(4)) * 1e-5])
+    expected = x.half().view(torch.int16)
+    plain = tmp_path / "no-f16c.so"
+    assert native._build(native._compiler(), plain, ["-O3", "-march=native", "-mno-f16c", "-fopenmp"])
+    for lib in (native.library(), native._declare(__import__("ctypes").CDLL(str(plain)))):
+        out = torch.empty(x.shape[0], dtype=torch.int16)
+        lib.triforce_to_half(x.data_ptr(), x.shape[0], out.data_ptr())
+        assert torch.equal(out, expected)
+    nan, source = torch.empty(1, dtype=torch.int16), torch.tensor([float("nan")])
+    native.library().triforce_to_half(source.data_ptr(), 1, nan.data_ptr())
+    assert nan.view(torch.float16).isnan().all()

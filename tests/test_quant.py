@@ -16,6 +16,7 @@ from engine import native
 from engine.decoding.session import ChatSession
 from engine.errors import UnsupportedModelError
 from engine.events import ChatMessage, DocumentText
+from engine.model.fused_layers import FusedLayers
 from engine.model.loading import load_folder
 from engine.model import quant
 from engine.model.quant import (CACHE_FILE, DENSE_ABOVE, QuantWeight, cpu_prefill_attention_dtype, dequantize_blocks,
@@ -275,25 +276,78 @@ def test_every_mode_is_lossless_on_the_quantized_target(tiny_pair, sample_text, 
     assert got == reference  # bit-identical forwards (exact_attention.py + the row-wise kernel): no near-tie excuse
 
 
-def test_l1_drafts_with_int16_activations_and_the_answer_stays_ar(tiny_pair, sample_text, monkeypatch):
-    """On the file's 4-bit blocks L1 (the target on its retrieval cache) runs its projections on int8
-    activations; L2's forwards never do, so retrieval-only and triforce still give ar's tokens."""
+def _prefilled(runner, ids):
+    full = runner.new_full_cache(len(ids) + 32)
+    for start in range(0, len(ids), 64):
+        piece = ids[start:start + 64]
+        full.capture_query = start + 64 >= len(ids)
+        runner.forward(torch.tensor(piece), torch.arange(start, start + len(piece)), full, last_only=True)
+    return full
+
+
+def test_a_whole_layer_in_one_native_call_gives_the_python_layers_bits(tiny_pair, sample_text):
+    """Decoding and verification forwards run each layer in one native call (fused_layers.py): the
+    logits and the K/V written equal the Python layers' bit for bit, for the target on its full
+    cache (the float kernel) and for L1 on its retrieval cache (draft: int16 activations), on every
+    block kind (Q4_0, Q4_1, Q8_0)."""
+    runner = tiny_pair[0].runner
+    ids = tiny_pair[0].tokenizer(sample_text[:4000])["input_ids"][:300]
+    runner._fused = None
+    fulls = [_prefilled(runner, ids) for _ in range(2)]
+    assert isinstance(runner._fused, FusedLayers)
+    retrievals = []
+    for _ in range(2):
+        r = fulls[0].retrieval(runner.arch.n_heads, 64, 16, 64)
+        r.rebuild(list(fulls[0].last_query))
+        retrievals.append(r)
+    for pair, draft in ((fulls, False), (retrievals, True)):
+        held = pair[0].length
+        for n in (1, 5):
+            assert FusedLayers.takes(pair[0], n)
+            tokens, positions = torch.tensor(ids[:n]), torch.arange(len(ids), len(ids) + n)
+            got = []
+            for cache, fused in zip(pair, (None, False)):
+                runner._fused = fused  # None: built again (the fused layers); False: the Python layers
+                got.append(runner.forward(tokens, positions, cache, draft=draft))
+            assert torch.equal(got[0], got[1]), (draft, n)
+            for layer in range(len(runner.layers)):
+                for a, b in zip(pair[0].kv_buffers(layer), pair[1].kv_buffers(layer)):
+                    assert torch.equal(a[:, held:held + n], b[:, held:held + n])
+            for cache in pair:
+                cache.rollback(held)
+    assert not FusedLayers.takes(fulls[0], DENSE_ABOVE + 1)  # a prefill chunk: the Python layers
+    fulls[0].capture_query = True
+    assert not FusedLayers.takes(fulls[0], 1)  # the last prefill chunk keeps its query per layer
+    runner._fused = None
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_l1_drafts_with_int16_activations_and_the_answer_stays_ar(tiny_pair, sample_text, monkeypatch, fused):
+    """On the file's 4-bit blocks L1 (the target on its retrieval cache) runs its projections on int16
+    activations, in the whole-layer native call or the Python layers; L2's forwards never do, so
+    retrieval-only and triforce still give ar's tokens."""
     target = tiny_pair[0]
     assert target.runner.drafts_int16 and not tiny_pair[1].runner.drafts_int16  # the float32 oracle has no blocks
     calls = []
-    real = native.BlockMatrix.matmul_int16
-    monkeypatch.setattr(native.BlockMatrix, "matmul_int16", lambda self, x: calls.append(x.shape[0]) or real(self, x))
+    if fused:
+        real_forward = FusedLayers.forward
+        monkeypatch.setattr(FusedLayers, "forward", lambda self, *a: calls.append(a[-1]) or real_forward(self, *a))
+    else:
+        monkeypatch.setattr(target.runner, "_fused", False)
+        real = native.BlockMatrix.matmul_int16
+        monkeypatch.setattr(native.BlockMatrix, "matmul_int16", lambda self, x: calls.append(True) or real(self, x))
     doc = [DocumentText("Hamlet", sample_text[:3000])]
     messages = [ChatMessage("user", "Repeat the first line of the play.")]
     base = DecodeSettings(max_new_tokens=40, budget=64, chunk=16)
     session = ChatSession(target, base.replace(mode="ar"), draft="ngram", capacity=2048)
     reference, _ = answer_tokens(session, messages, doc)
-    assert not calls
+    assert not any(calls)  # (fused: ar's forwards ran it, never with draft)
+    assert calls if fused else True
     for mode in ("retrieval-only", "triforce"):
         session.update_settings(base.replace(mode=mode))
         got, _ = answer_tokens(session, messages, doc)
         assert got == reference, mode
-    assert calls
+    assert any(calls)
 
 
 # ---------------------------------------------------------------- the bundled model

@@ -14,6 +14,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from engine import native
+from engine.model.fused_layers import FusedLayers
 from engine.decoding.acceptance import Verdict, target_probs, verify
 from engine.kv.full import FullCache
 from engine.decoding.drafters import ModelDrafter, NgramDrafter
@@ -183,14 +184,18 @@ def quantized(runner: LlamaRunner) -> LlamaRunner:
 
 @pytest.mark.skipif(not native.available(), reason="no native kernels")
 @pytest.mark.parametrize("mode", ["retrieval-only", "triforce"])
-def test_an_int8_l1_keeps_the_quantized_targets_distribution(mode, monkeypatch):
+def test_an_int16_l1_keeps_the_quantized_targets_distribution(mode, monkeypatch):
     """L1's projections on int16 activations change only the drafts: the output is still distributed
-    as the quantized target's own sampling."""
+    as the quantized target's own sampling. (Its layers run in one native call each where the cache
+    allows, else in Python: both paths are watched.)"""
     target = quantized(tiny_runner(seed=0, logit_scale=1.5))
     assert target.drafts_int16
     calls = []
     real = native.BlockMatrix.matmul_int16
     monkeypatch.setattr(native.BlockMatrix, "matmul_int16", lambda self, x: calls.append(1) or real(self, x))
+    fused = FusedLayers.forward
+    monkeypatch.setattr(FusedLayers, "forward",
+                        lambda self, *a: (calls.append(1) if a[-1] else None) or fused(self, *a))
     first = 5
     exact = exact_distribution(target, first, STEPS)
     assert not calls  # the target's own forwards never take it

@@ -55,6 +55,16 @@ class KVCache:
         """q [Hq, T, D], k/v [Hkv, T, D] before RoPE -> attention output [Hq, T, D]; stores k/v."""
         raise NotImplementedError
 
+    def fused_ok(self, new_tokens: int) -> bool:
+        """Whether a forward of `new_tokens` may write and attend through kernels.c's whole-layer
+        call (engine/model/fused_layers.py) instead of attend(): only where that call does exactly
+        what attend() does, over kv_buffers()."""
+        return False
+
+    def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [T, D] of the forward in progress (its first layer's device)."""
+        return self._cos, self._sin
+
     def end(self) -> None:
         """Finish the forward: the new tokens now count as held."""
         self.length += self._new

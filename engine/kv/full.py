@@ -87,6 +87,16 @@ class FullCache(KVCache):
             keys, values = keys.to(q.dtype), values.to(q.dtype)
         return gqa_attention(q, keys, values, self._mask)
 
+    def fused_ok(self, new_tokens: int) -> bool:
+        """The native kernel's row-invariant path of attend() (decoding and verification), no
+        query captured, and attend() not replaced by a subclass (offloaded or sharded caches)."""
+        return (self.native_attention and new_tokens <= MAX_ROWS and not self.capture_query
+                and type(self).attend is FullCache.attend)
+
+    def kv_buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's K and V buffers [Hkv, padded capacity, D] as the native kernel reads them."""
+        return self.keys[layer], self.values[layer]
+
     def end(self) -> None:
         super().end()
         self.capture_query = False

@@ -47,6 +47,14 @@ class RetrievalCache(KVCache):
         self.synced_to = 0  # full-cache length this cache mirrors (selection + recent copies)
         self.rebuilds = 0
 
+    def fused_ok(self, new_tokens: int) -> bool:
+        """Native CPU buffers, attended as attend() does (a subclass with its own attend: no)."""
+        return self._native and type(self).attend is RetrievalCache.attend
+
+    def kv_buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's K and V buffers [Hkv, rows, D] as the native kernels read them."""
+        return self.keys[layer], self.values[layer]
+
     # --- the forward protocol (same as the full cache, over the small buffers) ---------------
     def _prepare(self, positions: torch.Tensor, rope: Rotary) -> None:
         self._cos, self._sin = rope.cos_sin(positions, self.dtype)

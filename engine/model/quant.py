@@ -140,6 +140,11 @@ class QuantWeight:
         return y if y.shape[1] == self.out_features else y[:, :self.out_features]
 
     @property
+    def native_blocks(self) -> native.BlockMatrix | None:
+        """The repacked blocks the native kernels read (None: torch's int4 kernel runs)."""
+        return self._native
+
+    @property
     def drafts_int16(self) -> bool:
         """Whether matmul_draft runs the int16-activation kernel (a native 4-bit weight)."""
         return self.native and self._native.drafts_int16

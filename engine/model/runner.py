@@ -20,6 +20,7 @@ from engine.kv.base import KVCache
 from engine.kv.full import FullCache
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.kv.rope import Rotary
+from engine.model.fused_layers import FusedLayers
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 
@@ -177,6 +178,7 @@ class LlamaRunner:
         else:
             self.lm_head = lm_head.to(self.head_device, dtype)
         self._lm_head_packed = self._pack_for_cpu(self.lm_head)
+        self._fused: FusedLayers | bool | None = None  # layers in one native call each (False: not taken)
         self.layers: list[_Layer] = []
         for i in range(arch.n_layers):
             w = layer_tensors(state, i, arch.qkv_bias)
@@ -248,6 +250,11 @@ class LlamaRunner:
         """tokens, positions [T] (int64) -> logits [T, V] float32 (or [1, V] with last_only).
         draft: a drafting level's forward (L1): the projections may run with int16 activations
         (drafts_int16), so its logits approximate the target's; the target's own forwards never set it."""
+        fused = getattr(self, "_fused", None)
+        if fused is None:  # built at the first forward: the layers' weights are final by then
+            fused = self._fused = FusedLayers.build(self) or False
+        if fused and fused.takes(cache, tokens.shape[0]):  # a layer a native call
+            return fused.forward(tokens, positions, cache, last_only, draft)
         arch = self.arch
         n_new = tokens.shape[0]
         q_size, kv_end = arch.n_heads * arch.head_dim, arch.n_heads + arch.n_kv_heads

@@ -29,7 +29,7 @@ import torch  # loads torch's libgomp first: the kernels then share its OpenMP r
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-VERSION = 7  # triforce_kernels_version() of the source this module speaks to
+VERSION = 8  # triforce_kernels_version() of the source this module speaks to
 KIND_CODES = {"Q4_0": 6, "Q4_1": 6, "Q8_0": 8}  # 6: a 4-bit kind repacked (repack_q4)
 _FILE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 MAX_DIM = 256  # head sizes the attention kernel takes (a multiple of 8)
@@ -95,6 +95,14 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.triforce_rms_norm.argtypes = [ptr, ptr, i64, i64, ctypes.c_float, ptr]
     lib.triforce_rope.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr]
     lib.triforce_silu_mul.argtypes = [ptr, i64, i64, ptr]
+    lib.triforce_layer_scratch.argtypes = [i64] * 6
+    lib.triforce_layer_scratch.restype = i64
+    f32 = ctypes.c_float
+    lib.triforce_layer.argtypes = [i32, ptr, i64, i64, f32, ptr, ptr, i32, ptr, i32, ptr, i32, ptr, i32, ptr,
+                                   i64, i64, i64, i64, ptr, ptr, ptr, ptr, i32, i64, i64, f32, ptr, i32]
+    lib.triforce_layer.restype = i32
+    lib.triforce_to_half.argtypes = [ptr, i64, ptr]
+    lib.triforce_to_half.restype = None
     for name in ("triforce_rms_norm", "triforce_rope", "triforce_silu_mul"):
         getattr(lib, name).restype = None
     return lib

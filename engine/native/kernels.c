@@ -54,7 +54,7 @@ static inline v8f s8_to_f(const int8_t *p) {
 #endif
 static inline v8f vmax(v8f a, v8f b) { v8i gt = a > b; return (v8f)((gt & (v8i)a) | (~gt & (v8i)b)); }
 
-int triforce_kernels_version(void) { return 7; }
+int triforce_kernels_version(void) { return 8; }
 
 /* ------------------------------------------------------------------ weights: GGUF blocks
  * The weight is the file's own blocks, [out, nb] blocks of 32 weights of one row:
@@ -845,4 +845,95 @@ void triforce_silu_mul(const float *gu, int64_t T, int64_t I, float *out) {
             o[i] = gi / (1.0f + exp_any(splat(-gi))[0]) * u[i];
         }
     }
+}
+
+/* ------------------------------------------------------------------ a decoder layer in one call
+ * One decoder layer of a decoding or verification forward, every step of LlamaRunner.forward's
+ * layer, in one call where Python ran about 25 torch ops and kernel calls (some 7 ms of a one-token
+ * forward of the bundled model on 2 cores, ~8 us each):
+ *   h = rms_norm(x); [q | k | v] = h Wqkv^T; q, k = rope(q), rope(k); K/V written at `start`;
+ *   x += attention(q, K, V) Wo^T; h = rms_norm(x); x += silu_mul(h Wgate_up^T) Wdown^T.
+ * The same kernels in the same order as the Python path, so the bits are the same (K/V stored as
+ * float16 round to nearest even, as torch's copy does). Weights: the repacked 4-bit kind (6) or Q8_0
+ * (8) through the float kernel; with `draft` (a drafting level: L1) the 4-bit kind through the
+ * int16-activation matmul, as matmul_draft does.
+ * x [T, H] is updated in place; cos/sin [T, D]; keys/values [Hkv, cap, D] (float16 when `half`);
+ * scratch holds at least triforce_layer_scratch(...) floats. Returns 0, or a kernel's error code. */
+static inline uint16_t float_to_half(float f) {
+#if defined(__F16C__)
+    return _cvtss_sh(f, 0);  /* round to nearest even */
+#else
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    const uint32_t sign = (bits >> 16) & 0x8000u, mag = bits & 0x7fffffffu;
+    if (mag >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (mag > 0x7f800000u ? 0x200u : 0u));  /* inf, nan */
+    if (mag >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);  /* rounds past 65504: inf */
+    if (mag < 0x38800000u) {  /* a half subnormal (or zero): m * 2^-24, m rounded to nearest even */
+        float a;
+        memcpy(&a, &mag, sizeof a);
+        return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f));
+    }
+    uint32_t h = (((mag >> 23) - 112u) << 10) | ((mag & 0x7fffffu) >> 13);
+    const uint32_t rest = mag & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;  /* a carry into the exponent is right */
+    return (uint16_t)(sign | h);
+#endif
+}
+
+/* out[i] = x[i] as IEEE half, rounded to nearest even (torch's float -> float16) */
+void triforce_to_half(const float *x, int64_t n, uint16_t *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = float_to_half(x[i]);
+}
+
+static int layer_matmul(int draft, int kind, const uint8_t *w, int64_t out, int64_t in, const float *x, int64_t T,
+                        float *y, int threads) {
+    if (draft && kind == 6) return triforce_block_matmul_q16a(w, out, in, x, T, y, threads);
+    triforce_block_matmul(kind, w, out, in, x, T, y, threads);
+    return 0;
+}
+
+int64_t triforce_layer_scratch(int64_t T, int64_t H, int64_t n_heads, int64_t n_kv, int64_t D, int64_t I) {
+    const int64_t qkv = (n_heads + 2 * n_kv) * D;
+    return T * (H + qkv + 3 * n_heads * D + n_kv * D + 3 * I + H);
+}
+
+int triforce_layer(int draft, float *x, int64_t T, int64_t H, float eps, const float *attn_norm, const float *mlp_norm,
+                         int qkv_kind, const uint8_t *wqkv, int o_kind, const uint8_t *wo,
+                         int gu_kind, const uint8_t *wgu, int down_kind, const uint8_t *wdown,
+                         int64_t n_heads, int64_t n_kv, int64_t D, int64_t I, const float *cos, const float *sin,
+                         void *keys, void *values, int half, int64_t cap, int64_t start, float scale,
+                         float *scratch, int threads) {
+    if (start + T > cap) return -3;
+    const int64_t qkv = (n_heads + 2 * n_kv) * D, qd = n_heads * D;
+    float *h = scratch, *proj = h + T * H, *qr = proj + T * qkv, *kr = qr + T * qd, *att = kr + T * n_kv * D;
+    float *flat = att + T * qd, *gu = flat + T * qd, *act = gu + T * 2 * I, *y = act + T * I;
+    int rc;
+    triforce_rms_norm(x, attn_norm, T, H, eps, h);
+    if ((rc = layer_matmul(draft, qkv_kind, wqkv, qkv, H, h, T, proj, threads))) return rc;  /* [T, q | k | v] */
+    triforce_rope(proj, D, qkv, cos, sin, n_heads, T, D, qr);  /* [Hq, T, D] */
+    triforce_rope(proj + qd, D, qkv, cos, sin, n_kv, T, D, kr);  /* [Hkv, T, D] */
+    for (int64_t hk = 0; hk < n_kv; hk++)
+        for (int64_t t = 0; t < T; t++) {
+            const float *k = kr + (hk * T + t) * D, *v = proj + t * qkv + qd + (n_kv + hk) * D;
+            const int64_t slot = (hk * cap + start + t) * D;
+            if (half) {
+                triforce_to_half(k, D, (uint16_t *)keys + slot);
+                triforce_to_half(v, D, (uint16_t *)values + slot);
+            } else {
+                memcpy((float *)keys + slot, k, sizeof(float) * D);
+                memcpy((float *)values + slot, v, sizeof(float) * D);
+            }
+        }
+    if ((rc = triforce_attention(qr, keys, values, half, cap, n_heads, n_kv, T, D, start + T, scale, att, threads)))
+        return rc;
+    for (int64_t hq = 0; hq < n_heads; hq++)  /* [Hq, T, D] -> [T, Hq D] */
+        for (int64_t t = 0; t < T; t++) memcpy(flat + t * qd + hq * D, att + (hq * T + t) * D, sizeof(float) * D);
+    if ((rc = layer_matmul(draft, o_kind, wo, H, qd, flat, T, y, threads))) return rc;
+    for (int64_t i = 0; i < T * H; i++) x[i] = x[i] + y[i];
+    triforce_rms_norm(x, mlp_norm, T, H, eps, h);
+    if ((rc = layer_matmul(draft, gu_kind, wgu, 2 * I, H, h, T, gu, threads))) return rc;
+    triforce_silu_mul(gu, T, I, act);
+    if ((rc = layer_matmul(draft, down_kind, wdown, H, I, act, T, y, threads))) return rc;
+    for (int64_t i = 0; i < T * H; i++) x[i] = x[i] + y[i];
+    return 0;
 }
