@@ -5,7 +5,9 @@ Usage (repo root): OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python docs/no
 e.g. docs/notes/auto_trace.py 2048 qa 4 ar,draft-only; a fixed method may name its draft length,
 e.g. docs/notes/auto_trace.py 1024 continue 6 ar,draft-only:4,draft-only:8.
 Since the seventeenth pass the retrieval budget is the bench's (~1/8 of the context; before, 1024 at
-every context), and each method's line gives the host steal during its run."""
+every context), and each method's line gives the host steal during its run. Since the twenty-first
+each auto answer also prints what the policy weighed last, its acceptance estimates, cycles tried per
+mode, the retrieval budget, ar's ratio and each mode's realized wall/model ratio."""
 import collections
 import statistics
 import sys
@@ -75,6 +77,9 @@ for r in range(reps):
             print("    sequence:", " ".join(f"{c[0].split(' ')[0][:5]}{c[0][-1] if c[0] != 'ar' else ''}:{c[1]:.0f}/{c[2]}"
                                          f"(ar~{c[3]:.0f},me~{c[4]:.0f})" if c[3] and c[4] else f"{c[0]}:{c[1]:.0f}/{c[2]}"
                                          for c in cycles))
+            print("    weighed:", " | ".join(f"{c.structure} {c.ms_per_token:.1f}{'' if c.measured else '?'}" for c in dec.policy.candidates))
+            p = dec.policy
+            print("    acc:", {b: round(a.rate, 3) for b, a in p.acceptance.items()}, "tried", {m.value: n for m, n in p.tried.items()}, "budget", dec.budget(), "ar_ratio", p._ar_ratio and round(p._ar_ratio, 2), "realized", {m.value: round(w / max(mm, 1e-9), 2) for m, (w, mm) in p._realized.items()})
             print("    checked per cycle:", " ".join(str(c[5]) for c in cycles))
         elif cycles:
             print("    sequence:", " ".join(f"{c[1]:.0f}/{c[2]}" for c in cycles))
