@@ -21,8 +21,9 @@ import torch
 
 from engine import native
 from engine.kv.base import KVCache
+from engine.model.quant import DENSE_ABOVE
 
-MAX_TOKENS = 64  # = quant.DENSE_ABOVE and exact_attention.MAX_ROWS: larger forwards take other paths
+MAX_TOKENS = DENSE_ABOVE  # larger forwards widen the blocks for one float32 GEMM (the caches check their own limit)
 
 
 class FusedLayers:
@@ -67,8 +68,7 @@ class FusedLayers:
         tokens, positions [T] -> logits [T, V] (or [1, V]) float32."""
         runner, arch = self.runner, self.runner.arch
         n_new = tokens.shape[0]
-        x = runner.embed[tokens] if isinstance(runner.embed, torch.Tensor) else runner.embed.rows(tokens)  # [T, hidden]
-        x = x.float().contiguous()
+        x = runner.embedding(tokens).float().contiguous()  # [T, hidden]
         cache.begin(positions, runner.rope)
         cos, sin = (t.contiguous() for t in cache.rope_tables())  # [T, D] each
         scratch, threads = self._scratch_for(n_new), torch.get_num_threads()
@@ -82,6 +82,4 @@ class FusedLayers:
             if rc:
                 raise ValueError(f"native layer {index} rejected {n_new} tokens at {start} ({rc})")
         cache.end()
-        if last_only:
-            x = x[-1:]
-        return runner._vocab_projection(native.rms_norm(x, runner.norm, arch.rms_eps)).float()  # [T, V]
+        return runner.head(x, last_only)  # [T, V]

@@ -250,16 +250,15 @@ class LlamaRunner:
         """tokens, positions [T] (int64) -> logits [T, V] float32 (or [1, V] with last_only).
         draft: a drafting level's forward (L1): the projections may run with int16 activations
         (drafts_int16), so its logits approximate the target's; the target's own forwards never set it."""
-        fused = getattr(self, "_fused", None)
-        if fused is None:  # built at the first forward: the layers' weights are final by then
-            fused = self._fused = FusedLayers.build(self) or False
-        if fused and fused.takes(cache, tokens.shape[0]):  # a layer a native call
-            return fused.forward(tokens, positions, cache, last_only, draft)
+        if self._fused is None:  # built at the first forward: the layers' weights are final by then
+            self._fused = FusedLayers.build(self) or False
+        if self._fused and self._fused.takes(cache, tokens.shape[0]):  # a layer a native call
+            return self._fused.forward(tokens, positions, cache, last_only, draft)
         arch = self.arch
         n_new = tokens.shape[0]
         q_size, kv_end = arch.n_heads * arch.head_dim, arch.n_heads + arch.n_kv_heads
-        x = self.embed[tokens] if isinstance(self.embed, torch.Tensor) else self.embed.rows(tokens)  # [T, hidden]
-        norm = native.rms_norm if self.native_ops else rms_norm
+        x = self.embedding(tokens)  # [T, hidden]
+        norm = self._norm
         cache.begin(positions, self.rope)
         for index, layer in enumerate(self.layers):
             if x.device != self.layer_devices[index]:  # layer split: hand the hidden state to the next card
@@ -277,12 +276,26 @@ class LlamaRunner:
                 gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
                 x = x + linear(F.silu(gate) * up, layer.w_down, draft=draft)
         cache.end()
+        return self.head(x, last_only)
+
+    def embedding(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [T] -> the first layer's input [T, hidden] (a GGUF table: only these rows dequantized)."""
+        return self.embed[tokens] if isinstance(self.embed, torch.Tensor) else self.embed.rows(tokens)
+
+    def head(self, x: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """The last layer's output x [T, hidden] -> logits [T, V] float32 (or [1, V] with last_only):
+        the final norm and the vocabulary projection."""
         if last_only:
             x = x[-1:]
         if x.device != self.head_device:
             x = x.to(self.head_device)
-        logits = self._vocab_projection(norm(x, self.norm, arch.rms_eps)).float()  # [T, V]
+        logits = self._vocab_projection(self._norm(x, self.norm, self.arch.rms_eps)).float()  # [T, V]
         return logits if logits.device == self.device else logits.to(self.device)
+
+    @property
+    def _norm(self):
+        """The RMSNorm this runner uses: one native call (float32 on the CPU), else torch ops."""
+        return native.rms_norm if self.native_ops else rms_norm
 
 
 def read_config_json(folder: Path) -> dict:

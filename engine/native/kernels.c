@@ -898,11 +898,11 @@ int64_t triforce_layer_scratch(int64_t T, int64_t H, int64_t n_heads, int64_t n_
 }
 
 int triforce_layer(int draft, float *x, int64_t T, int64_t H, float eps, const float *attn_norm, const float *mlp_norm,
-                         int qkv_kind, const uint8_t *wqkv, int o_kind, const uint8_t *wo,
-                         int gu_kind, const uint8_t *wgu, int down_kind, const uint8_t *wdown,
-                         int64_t n_heads, int64_t n_kv, int64_t D, int64_t I, const float *cos, const float *sin,
-                         void *keys, void *values, int half, int64_t cap, int64_t start, float scale,
-                         float *scratch, int threads) {
+                   int qkv_kind, const uint8_t *wqkv, int o_kind, const uint8_t *wo,
+                   int gu_kind, const uint8_t *wgu, int down_kind, const uint8_t *wdown,
+                   int64_t n_heads, int64_t n_kv, int64_t D, int64_t I, const float *cos, const float *sin,
+                   void *keys, void *values, int half, int64_t cap, int64_t start, float scale,
+                   float *scratch, int threads) {
     if (start + T > cap) return -3;
     const int64_t qkv = (n_heads + 2 * n_kv) * D, qd = n_heads * D;
     float *h = scratch, *proj = h + T * H, *qr = proj + T * qkv, *kr = qr + T * qd, *att = kr + T * n_kv * D;
