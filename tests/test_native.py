@@ -235,13 +235,28 @@ def test_the_512_bit_attention_gives_the_8_lane_bits(tmp_path):
             assert lib.triforce_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), int(half), keys.shape[1],
                                           heads, n_kv, new, dim, total, dim ** -0.5, out.data_ptr(), 2) == 0
             assert torch.equal(out, wide), (heads, n_kv, dim, half, held, new)
-    # the int16-activation matmul (a drafter's) has a plain-C body there: the same integer products
-    for width in (96, 576):
-        matrix = native.BlockMatrix("Q4_1", np.ascontiguousarray(_blocks("Q4_1", 11, width, seed=width)))
-        x = torch.randn(5, width, generator=torch.Generator().manual_seed(2))
-        y = torch.empty(5, 11)
-        assert lib.triforce_block_matmul_q16a(matrix.pointer, 11, width, x.data_ptr(), 5, y.data_ptr(), 2) == 0
-        torch.testing.assert_close(y, matrix.matmul_int16(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= set(_cpu_flags().split()), reason="no AVX2 here: only the plain-C body is built")
+def test_the_int16_activation_matmul_bodies_agree(tmp_path):
+    """The int16-activation matmul (a drafter's) has three bodies: AVX512-VNNI, AVX2 (vpmaddwd, for
+    CPUs without VNNI) and plain C. They sum the same integer products; only float rounding differs.
+    Widths of 3, 5 and 18 blocks cover a row's last, partial group of four; 5 tokens a full pass of
+    four and one more."""
+    compiler = native._compiler()
+    for name, flags in (("avx2", ["-mno-avx512f"]), ("plain", ["-mno-avx2"])):
+        built = tmp_path / f"{name}.so"
+        assert native._build(compiler, built, ["-O3", "-march=native", *flags, "-fopenmp"])
+        lib = native._declare(__import__("ctypes").CDLL(str(built)))
+        for width in (96, 160, 576):
+            blocks = np.ascontiguousarray(_blocks("Q4_1", 11, width, seed=width))
+            matrix = native.BlockMatrix("Q4_1", blocks)
+            x = torch.randn(5, width, generator=torch.Generator().manual_seed(2))
+            y = torch.full((5, 11), float("nan"))
+            assert lib.triforce_block_matmul_q16a(matrix.pointer, 11, width, x.data_ptr(), 5, y.data_ptr(), 2) == 0
+            torch.testing.assert_close(y, matrix.matmul_int16(x), rtol=1e-5, atol=1e-5, msg=f"{name} {width}")
+            torch.testing.assert_close(y, _int16_reference("Q4_1", blocks, x), rtol=1e-5, atol=1e-5,
+                                       msg=f"{name} {width}")
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])

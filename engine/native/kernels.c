@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) || defined(__F16C__)  /* F16C without AVX2: Ivy Bridge */
 #include <immintrin.h>
 #endif
 
@@ -379,6 +379,80 @@ static inline __attribute__((always_inline)) void row_q16a(const uint8_t *row, i
         __m128 o = _mm_add_ps(off[t], _mm_movehl_ps(off[t], off[t]));
         o = _mm_add_ss(o, _mm_shuffle_ps(o, o, 1));
         y[t * ystride] = _mm512_reduce_add_ps(acc[t]) + _mm_cvtss_f32(o);
+    }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2 without VNNI (Zen 1-3, Intel before Ice Lake): vpmaddwd sums the same pairs of int16 products
+ * that vpdpwssd does, so each 8-lane accumulator (blocks 0 and 2; blocks 1 and 3) holds the bits of
+ * the matching half of the VNNI body's; only the final horizontal sum may round differently. (The
+ * plain-C body made an L1 forward of the bundled model 1.6x the float kernel's on a Zen 1.) */
+static inline __m256i nibbles16(__m128i bytes) { return _mm256_cvtepu8_epi16(bytes); }
+
+static inline __attribute__((always_inline)) void row_q16a(const uint8_t *row, int64_t nb, const ActGroup *q,
+                                                           int nt, float *y, int64_t ystride) {
+    const int64_t ng = (nb + GROUP_BLOCKS - 1) / GROUP_BLOCKS, full = nb / GROUP_BLOCKS;
+    const int tail = (int)(nb - full * GROUP_BLOCKS);
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    __m256 acc02[4], acc13[4];
+    __m128 off[4];
+    for (int t = 0; t < nt; t++) {
+        acc02[t] = _mm256_setzero_ps();
+        acc13[t] = _mm256_setzero_ps();
+        off[t] = _mm_setzero_ps();
+    }
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *G = row + g * GROUP_BYTES;
+        float dw[GROUP_BLOCKS], mw[GROUP_BLOCKS];
+        uint8_t nib[16 * GROUP_BLOCKS];
+        const uint8_t *w = G + 8 * GROUP_BLOCKS;
+        if (g < full) {
+            memcpy(dw, G, sizeof dw);
+            memcpy(mw, G + 4 * GROUP_BLOCKS, sizeof mw);
+        } else {  /* the last group's `tail` blocks, laid out alike; zeros for the absent ones */
+            memset(dw, 0, sizeof dw);
+            memset(mw, 0, sizeof mw);
+            memset(nib, 0, sizeof nib);
+            memcpy(dw, G, 4 * tail);
+            memcpy(mw, G + 4 * tail, 4 * tail);
+            memcpy(nib, G + 8 * tail, 16 * tail);
+            w = nib;
+        }
+        const __m256i w01 = _mm256_loadu_si256((const __m256i *)w), w23 = _mm256_loadu_si256((const __m256i *)(w + 32));
+        const __m256i lo01 = _mm256_and_si256(w01, mask), hi01 = _mm256_and_si256(_mm256_srli_epi16(w01, 4), mask);
+        const __m256i lo23 = _mm256_and_si256(w23, mask), hi23 = _mm256_and_si256(_mm256_srli_epi16(w23, 4), mask);
+        /* block k's elements 0-15 (lo) and 16-31 (hi) as int16 */
+        const __m256i l0 = nibbles16(_mm256_castsi256_si128(lo01)), l1 = nibbles16(_mm256_extracti128_si256(lo01, 1));
+        const __m256i h0 = nibbles16(_mm256_castsi256_si128(hi01)), h1 = nibbles16(_mm256_extracti128_si256(hi01, 1));
+        const __m256i l2 = nibbles16(_mm256_castsi256_si128(lo23)), l3 = nibbles16(_mm256_extracti128_si256(lo23, 1));
+        const __m256i h2 = nibbles16(_mm256_castsi256_si128(hi23)), h3 = nibbles16(_mm256_extracti128_si256(hi23, 1));
+        const __m256 d0 = _mm256_set1_ps(dw[0]), d1 = _mm256_set1_ps(dw[1]);
+        const __m256 d2 = _mm256_set1_ps(dw[2]), d3 = _mm256_set1_ps(dw[3]);
+        const __m128 m4 = _mm_loadu_ps(mw);
+        for (int t = 0; t < nt; t++) {
+            const ActGroup *a = q + t * ng + g;
+            const __m256i *alo = (const __m256i *)a->lo, *ahi = (const __m256i *)a->hi;
+            const __m256i s0 = _mm256_add_epi32(_mm256_madd_epi16(l0, _mm256_loadu_si256(alo)),
+                                                _mm256_madd_epi16(h0, _mm256_loadu_si256(ahi)));
+            const __m256i s1 = _mm256_add_epi32(_mm256_madd_epi16(l1, _mm256_loadu_si256(alo + 1)),
+                                                _mm256_madd_epi16(h1, _mm256_loadu_si256(ahi + 1)));
+            const __m256i s2 = _mm256_add_epi32(_mm256_madd_epi16(l2, _mm256_loadu_si256(alo + 2)),
+                                                _mm256_madd_epi16(h2, _mm256_loadu_si256(ahi + 2)));
+            const __m256i s3 = _mm256_add_epi32(_mm256_madd_epi16(l3, _mm256_loadu_si256(alo + 3)),
+                                                _mm256_madd_epi16(h3, _mm256_loadu_si256(ahi + 3)));
+            acc02[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(d0, _mm256_loadu_ps(a->da[0])), acc02[t]);
+            acc13[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(d1, _mm256_loadu_ps(a->da[0] + 8)), acc13[t]);
+            acc02[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(d2, _mm256_loadu_ps(a->da[1])), acc02[t]);
+            acc13[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s3), _mm256_mul_ps(d3, _mm256_loadu_ps(a->da[1] + 8)), acc13[t]);
+            off[t] = _mm_fmadd_ps(m4, _mm_loadu_ps(a->sa), off[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        const __m256 s = _mm256_add_ps(acc02[t], acc13[t]);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        h = _mm_add_ps(h, off[t]);
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+        y[t * ystride] = _mm_cvtss_f32(h);
     }
 }
 #else
