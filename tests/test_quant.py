@@ -16,6 +16,8 @@ from engine import native
 from engine.decoding.session import ChatSession
 from engine.errors import UnsupportedModelError
 from engine.events import ChatMessage, DocumentText
+from engine.model import draft_vocab
+from engine.model.draft_vocab import DraftVocabulary
 from engine.model.fused_layers import FusedLayers
 from engine.model.loading import load_folder
 from engine.model import quant
@@ -331,7 +333,7 @@ def test_l1_drafts_with_int16_activations_and_the_answer_stays_ar(tiny_pair, sam
     calls = []
     if fused:
         real_forward = FusedLayers.forward
-        monkeypatch.setattr(FusedLayers, "forward", lambda self, *a: calls.append(a[-1]) or real_forward(self, *a))
+        monkeypatch.setattr(FusedLayers, "forward", lambda self, *a: calls.append(a[4]) or real_forward(self, *a))
     else:
         monkeypatch.setattr(target.runner, "_fused", False)
         real = native.BlockMatrix.matmul_int16
@@ -348,6 +350,71 @@ def test_l1_drafts_with_int16_activations_and_the_answer_stays_ar(tiny_pair, sam
         got, _ = answer_tokens(session, messages, doc)
         assert got == reference, mode
     assert any(calls)
+
+
+# ---------------------------------------------------------------- L1's subset of the vocabulary
+# (engine/model/draft_vocab.py): logits only for the common tokens and those of the prompt, -inf
+# elsewhere; the answer stays the target's (greedy here; under sampling: tests/test_sampling_exact.py)
+
+
+def test_the_subset_scores_its_tokens_as_the_head_does_and_no_others(tiny_pair):
+    for model in tiny_pair:  # the file's blocks, and the float32 oracle's table
+        runner = model.runner
+        vocab = DraftVocabulary(runner, common=100)
+        assert vocab.count == 100 and vocab.active
+        vocab.cover([5000, 7, 40000, 5000])
+        assert vocab.count == 102
+        h = torch.randn(3, runner.arch.hidden, generator=torch.Generator().manual_seed(0))
+        got = vocab.logits(h)  # [3, V]
+        full = runner._vocab_projection(h).float()  # [3, V]
+        members = torch.tensor(list(range(100)) + [5000, 40000])
+        assert got.shape == full.shape
+        torch.testing.assert_close(got[:, members], full[:, members], rtol=1e-6, atol=1e-6)
+        outside = torch.ones(got.shape[1], dtype=torch.bool)
+        outside[members] = False
+        assert torch.isneginf(got[:, outside]).all()
+        assert isinstance(vocab._head, QuantWeight) == isinstance(runner.lm_head, QuantWeight)
+        vocab.logits(h)
+        vocab.cover([5000, 7, 40000, 5000, 7, 3])  # extends what it saw, nothing new: no rebuild
+        vocab.logits(h)
+        assert vocab.rebuilds == 1
+        vocab.cover([120, 30000])  # a new prompt: scanned from its start
+        vocab.logits(h)
+        assert vocab.count == 104 and vocab.rebuilds == 2
+
+
+def test_only_a_cpu_head_with_a_large_vocabulary_gets_a_subset(tiny_pair, monkeypatch):
+    runner = tiny_pair[0].runner
+    assert DraftVocabulary.for_runner(runner) is not None  # 49152 tokens on the CPU
+    monkeypatch.setattr(draft_vocab, "COMMON_TOKENS", 30000)  # over half the vocabulary: no gain
+    assert DraftVocabulary.for_runner(runner) is None
+    vocab = DraftVocabulary(runner, common=24000)
+    assert vocab.active
+    vocab.cover(list(range(24000, 24600)))
+    assert not vocab.active  # grown past half the vocabulary: L1 scores it all again
+
+
+def test_l1_on_part_of_the_vocabulary_answers_as_ar(tiny_pair, sample_text, monkeypatch):
+    """retrieval-only and triforce, whose L1 scores a subset (the common ids shrunk to 300 so that
+    the tiny random target often wants a token outside it), give ar's tokens."""
+    monkeypatch.setattr(draft_vocab, "COMMON_TOKENS", 300)
+    target = tiny_pair[0]
+    sizes = []
+    real = DraftVocabulary.logits
+    monkeypatch.setattr(DraftVocabulary, "logits", lambda self, h: sizes.append(self.count) or real(self, h))
+    doc = [DocumentText("Hamlet", sample_text[:3000])]
+    messages = [ChatMessage("user", "Repeat the first line of the play.")]
+    base = DecodeSettings(max_new_tokens=40, budget=64, chunk=16)
+    session = ChatSession(target, base.replace(mode="ar"), draft="ngram", capacity=2048)
+    reference, _ = answer_tokens(session, messages, doc)
+    assert not sizes  # the target's own forwards score the whole vocabulary
+    outside = [t for t in reference if t >= 300]
+    assert outside  # the target wanted tokens past the common ids ...
+    for mode in ("retrieval-only", "triforce"):
+        session.update_settings(base.replace(mode=mode))
+        got, _ = answer_tokens(session, messages, doc)
+        assert got == reference, mode
+    assert sizes and max(sizes) < target.runner.arch.vocab_size // 10  # ... and L1 scored a small subset
 
 
 # ---------------------------------------------------------------- the bundled model

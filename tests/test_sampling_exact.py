@@ -14,6 +14,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from engine import native
+from engine.model import draft_vocab
 from engine.model.fused_layers import FusedLayers
 from engine.decoding.acceptance import Verdict, target_probs, verify
 from engine.kv.full import FullCache
@@ -195,7 +196,7 @@ def test_an_int16_l1_keeps_the_quantized_targets_distribution(mode, monkeypatch)
     monkeypatch.setattr(native.BlockMatrix, "matmul_int16", lambda self, x: calls.append(1) or real(self, x))
     fused = FusedLayers.forward
     monkeypatch.setattr(FusedLayers, "forward",
-                        lambda self, *a: (calls.append(1) if a[-1] else None) or fused(self, *a))
+                        lambda self, *a: (calls.append(1) if a[4] else None) or fused(self, *a))
     first = 5
     exact = exact_distribution(target, first, STEPS)
     assert not calls  # the target's own forwards never take it
@@ -204,6 +205,29 @@ def test_an_int16_l1_keeps_the_quantized_targets_distribution(mode, monkeypatch)
     for i in range(STEPS):
         p_value = chi_square_p_value(counts[i], exact[i])
         assert p_value > 1e-3, f"token {i + 2}: {mode} with an int16 L1 differs (p={p_value:.2e})"
+
+
+@pytest.mark.parametrize("mode", ["retrieval-only", "triforce"])
+def test_an_l1_scoring_part_of_the_vocabulary_keeps_the_targets_distribution(mode, monkeypatch):
+    """On the CPU L1 scores only a subset of the vocabulary (engine/model/draft_vocab.py): its q is 0
+    outside it, so the target's tokens there come only from the residual. Here the subset is held at
+    tokens 0-5 of 12 (the prompt's tokens not added): the first token's mass lies mostly inside it,
+    the second's mostly outside."""
+    monkeypatch.setattr(draft_vocab, "COMMON_TOKENS", 6)
+    monkeypatch.setattr(draft_vocab, "MAX_SHARE", 0.75)
+    monkeypatch.setattr(draft_vocab.DraftVocabulary, "cover", lambda self, seq: None)
+    sizes = []
+    real = draft_vocab.DraftVocabulary.logits
+    monkeypatch.setattr(draft_vocab.DraftVocabulary, "logits", lambda self, h: sizes.append(self.count) or real(self, h))
+    target = tiny_runner(seed=0, logit_scale=1.5)
+    first = 5
+    exact = exact_distribution(target, first, STEPS)
+    assert float(exact[0][:6].sum()) > 0.9 and float(exact[1][6:].sum()) > 0.9
+    counts = triforce_samples(target, None, first, STEPS, verify, mode=mode)
+    assert sizes and set(sizes) == {6}
+    for i in range(STEPS):
+        p_value = chi_square_p_value(counts[i], exact[i])
+        assert p_value > 1e-3, f"token {i + 2}: {mode} with L1 on 6 of 12 tokens differs (p={p_value:.2e})"
 
 
 def test_the_test_catches_the_reference_l1_correction_bug(models):

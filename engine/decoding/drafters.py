@@ -18,6 +18,7 @@ from engine.decoding.acceptance import penalty_counts, sample_token, target_prob
 from engine.events import Level
 from engine.kv.streaming import StreamingCache
 from engine.errors import IncompatibleDraftError
+from engine.model.draft_vocab import DraftVocabulary
 from engine.model.runner import LlamaRunner
 from engine.settings import Sampling, draft_cache_slack
 
@@ -297,6 +298,9 @@ class RetrievalDrafter:
         # L1 is a drafter: where the weights allow, its projections run with int16 activations (an L1
         # forward of the bundled model ~15 % cheaper, its acceptance unchanged); L2 checks every token
         self._forward_options = {"draft": True} if getattr(runner, "drafts_int16", False) else {}
+        # ... and on the CPU it scores only a subset of the vocabulary (the common tokens and those of
+        # the prompt: engine/model/draft_vocab.py), which skips most of the head's bytes
+        self.vocab = DraftVocabulary.for_runner(runner)
 
     def reset(self) -> None:
         self.inner.reset()
@@ -315,6 +319,10 @@ class RetrievalDrafter:
         rows: list[torch.Tensor] = []
         levels: list[Level] = []
         use_l0 = not isinstance(self.inner, NoDrafter)
+        vocab = self.vocab if self.vocab is not None and self.vocab.active else None
+        if vocab is not None:
+            vocab.cover(local)  # the prompt's tokens and every token emitted so far
+        options = dict(self._forward_options, vocab=vocab) if vocab is not None else self._forward_options
         while len(drafts) < count:
             k = min(self.gamma1, count - len(drafts)) if use_l0 else 0
             t0 = time.perf_counter()
@@ -327,7 +335,7 @@ class RetrievalDrafter:
             positions = torch.arange(start, start + len(d0) + 1, device=self.runner.device)
             held = r.length
             t1 = time.perf_counter()
-            logits = self.runner.forward(tokens, positions, r, **self._forward_options)  # [k+1, V]
+            logits = self.runner.forward(tokens, positions, r, **options)  # [k+1, V]
             answer = local[answer_start:] if answer_start is not None else []
             counts = penalty_counts(sampling, answer, d0, logits.shape[-1], logits.device)  # [k+1, V] or None
             p1 = None if sampling.greedy else target_probs(logits, sampling, counts)  # [k+1, V]

@@ -63,8 +63,8 @@ class FusedLayers:
         return got
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, last_only: bool,
-                draft: bool) -> torch.Tensor:
-        """runner.forward(tokens, positions, cache, last_only, draft), a native call per layer:
+                draft: bool, vocab=None) -> torch.Tensor:
+        """runner.forward(tokens, positions, cache, last_only, draft, vocab), a native call per layer:
         tokens, positions [T] -> logits [T, V] (or [1, V]) float32."""
         runner, arch = self.runner, self.runner.arch
         n_new = tokens.shape[0]
@@ -82,4 +82,4 @@ class FusedLayers:
             if rc:
                 raise ValueError(f"native layer {index} rejected {n_new} tokens at {start} ({rc})")
         cache.end()
-        return runner.head(x, last_only)  # [T, V]
+        return runner.head(x, last_only, vocab)  # [T, V]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,9 @@ from engine.kv.full import FullCache
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.kv.rope import Rotary
 from engine.model.fused_layers import FusedLayers
+
+if TYPE_CHECKING:
+    from engine.model.draft_vocab import DraftVocabulary
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 
@@ -246,14 +249,16 @@ class LlamaRunner:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                last_only: bool = False, draft: bool = False) -> torch.Tensor:
+                last_only: bool = False, draft: bool = False, vocab: DraftVocabulary | None = None) -> torch.Tensor:
         """tokens, positions [T] (int64) -> logits [T, V] float32 (or [1, V] with last_only).
         draft: a drafting level's forward (L1): the projections may run with int16 activations
-        (drafts_int16), so its logits approximate the target's; the target's own forwards never set it."""
+        (drafts_int16), so its logits approximate the target's; the target's own forwards never set it.
+        vocab: a drafting level's subset of the vocabulary (engine/model/draft_vocab.py): logits only
+        for its tokens, -inf for the rest."""
         if self._fused is None:  # built at the first forward: the layers' weights are final by then
             self._fused = FusedLayers.build(self) or False
         if self._fused and self._fused.takes(cache, tokens.shape[0]):  # a layer a native call
-            return self._fused.forward(tokens, positions, cache, last_only, draft)
+            return self._fused.forward(tokens, positions, cache, last_only, draft, vocab)
         arch = self.arch
         n_new = tokens.shape[0]
         q_size, kv_end = arch.n_heads * arch.head_dim, arch.n_heads + arch.n_kv_heads
@@ -276,20 +281,21 @@ class LlamaRunner:
                 gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
                 x = x + linear(F.silu(gate) * up, layer.w_down, draft=draft)
         cache.end()
-        return self.head(x, last_only)
+        return self.head(x, last_only, vocab)
 
     def embedding(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T] -> the first layer's input [T, hidden] (a GGUF table: only these rows dequantized)."""
         return self.embed[tokens] if isinstance(self.embed, torch.Tensor) else self.embed.rows(tokens)
 
-    def head(self, x: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+    def head(self, x: torch.Tensor, last_only: bool = False, vocab: DraftVocabulary | None = None) -> torch.Tensor:
         """The last layer's output x [T, hidden] -> logits [T, V] float32 (or [1, V] with last_only):
-        the final norm and the vocabulary projection."""
+        the final norm and the vocabulary projection (only `vocab`'s rows, the rest -inf, when given)."""
         if last_only:
             x = x[-1:]
         if x.device != self.head_device:
             x = x.to(self.head_device)
-        logits = self._vocab_projection(self._norm(x, self.norm, self.arch.rms_eps)).float()  # [T, V]
+        h = self._norm(x, self.norm, self.arch.rms_eps)  # [T, hidden]
+        logits = (vocab.logits(h) if vocab is not None else self._vocab_projection(h)).float()  # [T, V]
         return logits if logits.device == self.device else logits.to(self.device)
 
     @property

@@ -1,0 +1,97 @@
+"""A drafting level's vocabulary: L1 scores only the tokens it is likely to propose.
+
+The vocabulary projection reads the whole embedding table every forward: 30 MB of the bundled
+model's 96 MB of weights (its Q8_0 table against the layers' Q4_1), about a third of an L1 forward's
+bytes. L1 is a drafter, and the acceptance rule keeps the output exact for ANY draft distribution
+q, so L1 may put all of q's mass on a subset of the vocabulary: the tokenizer's first
+`COMMON_TOKENS` ids (a BPE vocabulary lists its pieces in merge order, most frequent first), every
+token of the prompt (a question about a book is answered in the book's words) and every token seen
+since. Outside the subset L1's logits are -inf, so q is 0 there: a drafted token always has q > 0,
+and where the target wants a token L1 cannot propose, L1's draft is rejected and the target's token
+is taken from the residual max(p - q, 0), as for any other rejection; the token then joins the
+subset. (The same idea as FR-Spec, Zhao et al. 2025, which ranks a draft model's vocabulary by
+frequency.) Only the target's own forwards ever see the whole table.
+
+On the CPU only: there the head's bytes are the cost, while on a GPU the gather would add launches.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.model.quant import QuantWeight
+
+COMMON_TOKENS = 8192  # the tokenizer's first ids, always in L1's vocabulary
+MAX_SHARE = 0.5  # a subset over half the vocabulary saves too little to be worth a second table
+
+
+class DraftVocabulary:
+    """The subset of the vocabulary a drafting forward scores, and its own slice of the head."""
+
+    def __init__(self, runner, common: int | None = None) -> None:
+        self.runner = runner
+        self.size = runner.arch.vocab_size
+        common = COMMON_TOKENS if common is None else common
+        self._member = np.zeros(self.size, dtype=bool)  # [V]
+        self._member[:common] = True
+        self._scanned = 0  # seq[:_scanned] is in the subset ...
+        self._last: int | None = None  # ... as long as seq[_scanned - 1] is still this token
+        self._ids: torch.Tensor | None = None  # [n] int64, sorted: the subset
+        self._head = None  # the head's rows at _ids: QuantWeight or float tensor [n, hidden]
+        self.rebuilds = 0
+
+    @classmethod
+    def for_runner(cls, runner) -> DraftVocabulary | None:
+        """A subset for `runner`'s drafting forwards, or None where it would not pay: off the CPU,
+        or a vocabulary too small for the subset to be a small share of it."""
+        head = getattr(runner, "lm_head", None)
+        if head is None or getattr(runner, "head_device", None) is None or runner.head_device.type != "cpu":
+            return None
+        if not isinstance(head, (QuantWeight, torch.Tensor)) or runner.arch.vocab_size * MAX_SHARE <= COMMON_TOKENS:
+            return None
+        return cls(runner)
+
+    @property
+    def count(self) -> int:
+        """Tokens in the subset."""
+        return int(self._member.sum())
+
+    @property
+    def active(self) -> bool:
+        """Whether the subset is still a small enough share of the vocabulary to be used."""
+        return self.count <= MAX_SHARE * self.size
+
+    def cover(self, seq: list[int]) -> None:
+        """Add every token of `seq` (the prompt and what followed) to the subset. Scans only what
+        it has not seen, unless `seq` no longer extends what it scanned (a new prompt)."""
+        start = self._scanned
+        if start > len(seq) or (start and seq[start - 1] != self._last):
+            start = 0
+        if start < len(seq):
+            fresh = np.asarray(seq[start:], dtype=np.int64)
+            fresh = fresh[(fresh >= 0) & (fresh < self.size)]
+            if not self._member[fresh].all():
+                self._member[fresh] = True
+                self._ids = None  # the head slice is rebuilt at the next forward
+            self._scanned, self._last = len(seq), seq[-1]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [T, hidden], the final norm's output -> logits [T, V] float32: the head's product for
+        the subset's tokens, -inf for the others."""
+        if self._ids is None:
+            self._rebuild()
+        sub = self._head.matmul(h) if isinstance(self._head, QuantWeight) else F.linear(h, self._head)  # [T, n]
+        out = torch.full((h.shape[0], self.size), float("-inf"), dtype=torch.float32, device=h.device)
+        out.index_copy_(1, self._ids, sub.float())
+        return out
+
+    def _rebuild(self) -> None:
+        ids = np.flatnonzero(self._member)  # [n] sorted
+        head = self.runner.lm_head
+        if isinstance(head, QuantWeight):
+            self._head = QuantWeight(head.kind, head.blocks[ids], head.in_features)
+        else:
+            self._head = head[torch.from_numpy(ids).to(head.device)].contiguous()  # [n, hidden]
+        self._ids = torch.from_numpy(ids).to(self.runner.head_device)
+        self.rebuilds += 1
