@@ -290,17 +290,18 @@ class RetrievalDrafter:
     name = "retrieval"
     runs_model = True
 
-    def __init__(self, runner: LlamaRunner, retrieval, inner: Drafter, gamma1: int, meter, verify_rule) -> None:
+    def __init__(self, runner: LlamaRunner, retrieval, inner: Drafter, gamma1: int, meter, verify_rule,
+                 vocab: DraftVocabulary | None = None) -> None:
         """retrieval: `() -> RetrievalCache` synced to the full cache; meter: has `timed(level,
-        tokens, seconds)` and `checked(boundary, proposed, accepted)`; verify_rule: the acceptance rule."""
+        tokens, seconds)` and `checked(boundary, proposed, accepted)`; verify_rule: the acceptance rule;
+        vocab: the subset of the vocabulary L1 scores (None: all of it), kept by the caller across
+        cycles (engine/model/draft_vocab.py: DraftVocabulary.for_runner)."""
         self.runner, self.retrieval, self.inner, self.gamma1 = runner, retrieval, inner, gamma1
         self.meter, self.verify_rule = meter, verify_rule
         # L1 is a drafter: where the weights allow, its projections run with int16 activations (an L1
         # forward of the bundled model ~15 % cheaper, its acceptance unchanged); L2 checks every token
         self._forward_options = {"draft": True} if getattr(runner, "drafts_int16", False) else {}
-        # ... and on the CPU it scores only a subset of the vocabulary (the common tokens and those of
-        # the prompt: engine/model/draft_vocab.py), which skips most of the head's bytes
-        self.vocab = DraftVocabulary.for_runner(runner)
+        self.vocab = vocab
 
     def reset(self) -> None:
         self.inner.reset()

@@ -25,6 +25,7 @@ from engine.decoding.structure import Structure
 from engine.events import Level, LevelStats
 from engine.kv.full import FullCache
 from engine.kv.retrieval import RetrievalCache
+from engine.model.draft_vocab import DraftVocabulary
 from engine.model.runner import LlamaRunner
 from engine.settings import DecodeSettings, Mode
 
@@ -73,6 +74,10 @@ class HierarchicalDecoder:
         self.settings = settings
         self.generator = generator
         self.retrieval: RetrievalCache | None = None
+        # on the CPU, L1 scores only a subset of the vocabulary (the common tokens, the prompt's and
+        # every token since: engine/model/draft_vocab.py), skipping most of the head's bytes; kept
+        # across cycles, as its slice of the head is rebuilt only when the subset grows
+        self.l1_vocab = DraftVocabulary.for_runner(runner)
         self.stats = DecodeStats()
         self.policy = Policy()
         self.structure: Structure | None = None  # what the last cycle ran
@@ -159,7 +164,7 @@ class HierarchicalDecoder:
         if st.mode is Mode.DRAFT_ONLY:
             return self.drafter, st.gamma1, "l0_l2"
         inner = self.drafter if st.mode is Mode.TRIFORCE else NoDrafter()
-        l1 = RetrievalDrafter(self.runner, self._ensure_retrieval, inner, st.gamma1, self, self.l1_verify)
+        l1 = RetrievalDrafter(self.runner, self._ensure_retrieval, inner, st.gamma1, self, self.l1_verify, self.l1_vocab)
         return l1, st.gamma2, "l1_l2"
 
     def _choose(self, seq: list[int]) -> Structure:
