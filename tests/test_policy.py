@@ -394,9 +394,12 @@ def test_wall_time_beyond_the_modelled_forwards_steers_the_choice():
     policy.realized(draft, OUTLIER * 2 * before * 3, 3)  # an n-gram index built over the whole book
     assert policy.seconds_per_token(draft) == pytest.approx(before)
     policy.realized(ar, 0.010, 1)
-    for _ in range(12):
+    policy.realized(draft, 2.0 * before * 3, 3)
+    one = policy.seconds_per_token(draft)  # one cycle is drawn toward the model (RATIO_PRIOR_CYCLES) ...
+    assert 1.2 * before < one < 1.8 * before
+    for _ in range(99):
         policy.realized(draft, 2.0 * before * 3, 3)
-    assert policy.seconds_per_token(draft) == pytest.approx(2.0 * before)
+    assert policy.seconds_per_token(draft) == pytest.approx(2.0 * before, rel=0.02)  # ... many are not
     assert policy.seconds_per_token(ar) == pytest.approx(0.010)
     assert policy.seconds_per_token(draft, corrected=False) == pytest.approx(before)
 
@@ -518,8 +521,9 @@ def test_a_probe_cycle_does_not_become_the_incumbent():
     p._since_refresh, p._settled = REFRESH_CYCLES, False  # a refresh is due at this scoring
     probe = p.choose(AUTO, has_l0=True, context_tokens=8000)
     assert probe.mode is Mode.DRAFT_ONLY
-    # the probe ran a little faster than modelled: now predicted just under ar, by less than the gain
-    p.realized(probe, 0.88 * p.seconds_per_token(probe, corrected=False), 1)
+    # the probe ran faster than modelled (one cycle, drawn toward the model): now predicted just
+    # under ar, by less than the gain
+    p.realized(probe, 0.80 * p.seconds_per_token(probe, corrected=False), 1)
     assert SWITCH_GAIN * p.seconds_per_token(ar) < p.seconds_per_token(probe) < p.seconds_per_token(ar)
     assert p.choose(AUTO, has_l0=True, context_tokens=8000) == ar
 
@@ -559,8 +563,8 @@ def test_setting_up_the_retrieval_cache_is_not_charged_to_the_cycle_that_needed_
     decoder.policy.forced = [Structure(Mode.AR), Structure(Mode.AR), Structure(Mode.RETRIEVAL_ONLY, 1, 3)]
     rebuild, walls = decoder.rebuild, []
 
-    def slow_rebuild():
-        time.sleep(0.3)
+    def slow_rebuild():  # the setup (the first build) is slow; a later rebuild (L1's acceptance fell
+        time.sleep(0.3 if not decoder.rebuilds else 0.0)  # under the threshold) is a cycle's own cost
         rebuild()
 
     decoder.rebuild = slow_rebuild

@@ -322,7 +322,9 @@ class RetrievalDrafter:
         use_l0 = not isinstance(self.inner, NoDrafter)
         vocab = self.vocab if self.vocab is not None and self.vocab.active else None
         if vocab is not None:
-            vocab.cover(local)  # the prompt's tokens and every token emitted so far
+            t0 = time.perf_counter()
+            if vocab.cover(local) and hasattr(self.meter, "set_up"):  # the prompt's tokens and every one since
+                self.meter.set_up(time.perf_counter() - t0)  # a new prompt's first scan: a one-off
         options = dict(self._forward_options, vocab=vocab) if vocab is not None else self._forward_options
         while len(drafts) < count:
             k = min(self.gamma1, count - len(drafts)) if use_l0 else 0

@@ -11,7 +11,8 @@ Exploration is bounded: a structure not yet measured is tried for EXPLORE_CYCLES
 cycles, once per session, and only while its optimistic score is within EXPLORE_MARGIN of the best.
 The choice is re-scored at each turn, every RESCORE_EVERY cycles and whenever an acceptance estimate
 moves by SHIFT, and changes only between cycles; a switch needs a SWITCH_GAIN advantage, and leaving
-ar a SPECULATION_GAIN one. Every cycle's output is an
+ar a SPECULATION_GAIN one (MEASURED_GAIN once the structure's own cycles have corrected its
+prediction). An L1 structure is explored with checks of at least the settings' γ2 tokens. Every cycle's output is an
 exact sample whatever structure ran it, so switching never changes what is generated.
 
 With an n-gram drafter, draft-only is not priced by that acceptance model: the decoder logs a
@@ -58,6 +59,12 @@ SWITCH_GAIN = 0.92  # switch only if the best predicts <= 92% of the current str
 # leave ar only for a structure predicted at <= 90% of its ms/token: ar's cost is timed directly,
 # while the others' predictions ran 6-14% optimistic (median actual/predicted, three A/B runs)
 SPECULATION_GAIN = 0.9
+# ... and for one predicted at <= 95 % once REALIZED_CYCLES of its mode's own cycles have scaled its
+# prediction by their wall time (the 6-14 % were the model's error before that correction): at qa
+# 1-2K on a Zen 1 fixed retrieval-only ran 0.89-0.91x ar's ms/token, and auto, asking for 10 %, stayed on ar
+MEASURED_GAIN = 0.95
+REALIZED_CYCLES = 6
+RATIO_PRIOR_CYCLES = 2  # a mode's wall/model ratio counts as 2 more cycles at 1.0
 MAX_GAMMA1 = 8
 MAX_GAMMA2 = 12  # gamma1 + gamma2 + 2 stays inside the retrieval cache's minimum headroom (128 / 2)
 GROW = 2  # a forward may check at most 2 tokens more than the largest one timed at its level
@@ -90,6 +97,7 @@ class Policy(RetrievalChoices):
     switches: int = 0
     _realized: dict = field(default_factory=dict, repr=False)  # mode -> (wall s, predicted s), decayed
     _realized_by: dict = field(default_factory=dict, repr=False)  # structure -> (wall s, predicted s, last cycle's)
+    _realized_cycles: dict = field(default_factory=dict, repr=False)  # mode -> cycles in _realized
     forced: list[Structure] | None = None  # tests: a script of structures to run, one per cycle
     _memo: dict = field(default_factory=dict, repr=False)  # inputs of the current choice
     _settled: bool = False  # the last scoring chose without exploring
@@ -145,7 +153,7 @@ class Policy(RetrievalChoices):
         for ms, s in scored:  # bounded exploration of structures never measured
             if self.tried.get(s.mode, 0) < EXPLORE_CYCLES and not self._explored(s.mode) and ms <= EXPLORE_MARGIN * best_ms:
                 self._close_explorations(but=s.mode)
-                return self._ran(s)
+                return self._ran(self._explored_at(s, settings, remaining))
         self._close_explorations()
         self._settled = True
         if (Mode.AR in modes and self.current is not None and self.current.mode is not Mode.AR
@@ -184,7 +192,22 @@ class Policy(RetrievalChoices):
         """The predicted share of `current`'s ms/token that `best` must reach to replace it."""
         if {best.mode, current.mode} == {Mode.AR, Mode.DRAFT_ONLY} and self.lookups.ready():
             return REPLAY_GAIN
-        return SPECULATION_GAIN if current.mode is Mode.AR else SWITCH_GAIN
+        if current.mode is not Mode.AR:
+            return SWITCH_GAIN
+        return MEASURED_GAIN if self._realized_cycles.get(best.mode, 0) >= REALIZED_CYCLES else SPECULATION_GAIN
+
+    @staticmethod
+    def _explored_at(s: Structure, settings: DecodeSettings, remaining: int | None) -> Structure:
+        """The gammas an L1 structure is explored at: drafts of settings.gamma2 tokens for L2 to check.
+        Its cost per token falls with γ2 (on a Zen 1 at 4K a 4-token check cost 78 ms against 37 for
+        one token), but the model prices only checks up to GROW past the longest timed, and at γ2 = 1-2
+        L1's acceptance stays near its prior (0.83-0.93 read against 0.95-0.98 at γ2 = 6): explored
+        short, retrieval-only was never chosen at qa 1-2K where fixed γ2 = 6 beat ar by 10 %. A long
+        first draft times a long check and reads the acceptance."""
+        want = min(settings.gamma2, MAX_GAMMA2) if remaining is None else min(settings.gamma2, MAX_GAMMA2, remaining - 1)
+        if not s.mode.uses_l1 or s.gamma2 >= want:
+            return s
+        return Structure(s.mode, s.gamma1, want)
 
     def _close_explorations(self, but: Mode | None = None) -> None:
         """A structure's exploration is one run of consecutive cycles: once a scoring leaves it
@@ -223,8 +246,10 @@ class Policy(RetrievalChoices):
             return self.costs.measured("l2")
         if mode is Mode.DRAFT_ONLY:
             return self.lookups.ready() or acc["l0_l2"].known or self.tried.get(mode, 0) >= EXPLORE_CYCLES
-        if mode is Mode.RETRIEVAL_ONLY:
-            return self.costs.measured("l1") and (acc["l1_l2"].known or self.tried.get(mode, 0) >= EXPLORE_CYCLES)
+        if mode is Mode.RETRIEVAL_ONLY:  # all its exploration cycles, even once L1's acceptance is known:
+            # one long draft makes it known, and one unlucky stretch (5 of 7, then triforce's 2 of 7
+            # twice, at qa 2K) priced L1 out for the session
+            return self.costs.measured("l1") and self.tried.get(mode, 0) >= EXPLORE_CYCLES
         return (self.costs.measured("l1") and acc["l1_l2"].known and acc["l0_l1"].known) or \
             self.tried.get(mode, 0) >= EXPLORE_CYCLES
 
@@ -344,6 +369,7 @@ class Policy(RetrievalChoices):
             return
         wall, model = self._realized.get(s.mode, (0.0, 0.0))
         self._realized[s.mode] = (FORGET * wall + seconds, FORGET * model + expected)
+        self._realized_cycles[s.mode] = self._realized_cycles.get(s.mode, 0) + 1
         wall, model, _ = self._realized_by.get(s, (0.0, 0.0, 0.0))
         self._realized_by[s] = (FORGET * wall + seconds, FORGET * model + expected, expected)
 
@@ -357,7 +383,10 @@ class Policy(RetrievalChoices):
         def ratio(wall: float, model: float) -> float:
             return max(0.5, min(OUTLIER, wall / model))
         if s.mode in self._realized:  # scored ~130 times per choice: only this mode's ratio
-            mode_ratio = ratio(*self._realized[s.mode])
+            # drawn toward 1 while its cycles are few: one exploration cycle of retrieval-only at qa
+            # 1K yielded 2 tokens of 7 (1.63x its model) and priced the mode out for the session
+            n = self._realized_cycles.get(s.mode, 0)
+            mode_ratio = 1.0 + (ratio(*self._realized[s.mode]) - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
         else:
             mode_ratio = min((ratio(*sums) for sums in self._realized.values()), default=1.0)
         own = self._realized_by.get(s)

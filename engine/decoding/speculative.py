@@ -282,6 +282,11 @@ class HierarchicalDecoder:
     def _policy_learns(self) -> bool:
         return self.settings.auto or self.settings.mode == Mode.AUTO
 
+    def set_up(self, seconds: float) -> None:
+        """L1 spent `seconds` this cycle on a one-off for a new prompt (its vocabulary subset's first
+        scan and head slice): left out of the cycle's wall time, as the retrieval cache's selection is."""
+        self._setup_s += seconds
+
     def timed(self, level: str, tokens: int, seconds: float) -> None:
         """A forward at `level` ("l0": a whole proposal) that checked `tokens` tokens took `seconds`."""
         self.stats.times.record(level, tokens, seconds)

@@ -62,9 +62,11 @@ class DraftVocabulary:
         """Whether the subset is still a small enough share of the vocabulary to be used."""
         return self.count <= MAX_SHARE * self.size
 
-    def cover(self, seq: list[int]) -> None:
-        """Add every token of `seq` (the prompt and what followed) to the subset. Scans only what
-        it has not seen, unless `seq` no longer extends what it scanned (a new prompt)."""
+    def cover(self, seq: list[int]) -> bool:
+        """Add every token of `seq` (the prompt and what followed) to the subset and have the head's
+        slice ready. Scans only what it has not seen, unless `seq` no longer extends what it scanned
+        (a new prompt). Returns whether this was a new prompt's first scan (a one-off, like
+        selecting the retrieval cache) rather than the answer's own growth."""
         start = self._scanned
         if start > len(seq) or (start and seq[start - 1] != self._last):
             start = 0
@@ -73,8 +75,11 @@ class DraftVocabulary:
             fresh = fresh[(fresh >= 0) & (fresh < self.size)]
             if not self._member[fresh].all():
                 self._member[fresh] = True
-                self._ids = None  # the head slice is rebuilt at the next forward
+                self._ids = None
             self._scanned, self._last = len(seq), seq[-1]
+        if self._ids is None and self.active:
+            self._rebuild()
+        return start == 0
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [T, hidden], the final norm's output -> logits [T, V] float32: the head's product for
