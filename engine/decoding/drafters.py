@@ -293,7 +293,8 @@ class RetrievalDrafter:
     def __init__(self, runner: LlamaRunner, retrieval, inner: Drafter, gamma1: int, meter, verify_rule,
                  vocab: DraftVocabulary | None = None) -> None:
         """retrieval: `() -> RetrievalCache` synced to the full cache; meter: has `timed(level,
-        tokens, seconds)` and `checked(boundary, proposed, accepted)`; verify_rule: the acceptance rule;
+        tokens, seconds)`, `checked(boundary, proposed, accepted)` and `set_up(seconds)` (a one-off
+        left out of the cycle's price); verify_rule: the acceptance rule;
         vocab: the subset of the vocabulary L1 scores (None: all of it), kept by the caller across
         cycles (engine/model/draft_vocab.py: DraftVocabulary.for_runner)."""
         self.runner, self.retrieval, self.inner, self.gamma1 = runner, retrieval, inner, gamma1
@@ -323,7 +324,7 @@ class RetrievalDrafter:
         vocab = self.vocab if self.vocab is not None and self.vocab.active else None
         if vocab is not None:
             t0 = time.perf_counter()
-            if vocab.cover(local) and hasattr(self.meter, "set_up"):  # the prompt's tokens and every one since
+            if vocab.cover(local):  # the prompt's tokens and every one since
                 self.meter.set_up(time.perf_counter() - t0)  # a new prompt's first scan: a one-off
         options = dict(self._forward_options, vocab=vocab) if vocab is not None else self._forward_options
         while len(drafts) < count:

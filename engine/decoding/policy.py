@@ -204,7 +204,7 @@ class Policy(RetrievalChoices):
         L1's acceptance stays near its prior (0.83-0.93 read against 0.95-0.98 at γ2 = 6): explored
         short, retrieval-only was never chosen at qa 1-2K where fixed γ2 = 6 beat ar by 10 %. A long
         first draft times a long check and reads the acceptance."""
-        want = min(settings.gamma2, MAX_GAMMA2) if remaining is None else min(settings.gamma2, MAX_GAMMA2, remaining - 1)
+        want = min(settings.gamma2, MAX_GAMMA2, MAX_GAMMA2 if remaining is None else remaining - 1)
         if not s.mode.uses_l1 or s.gamma2 >= want:
             return s
         return Structure(s.mode, s.gamma1, want)
