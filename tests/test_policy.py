@@ -345,22 +345,32 @@ def test_budget_grows_when_l1_is_cheap_but_misses_and_shrinks_when_dear_and_exac
     cheap_missing = _measured_policy(l0_l2=0.5, l1_l2=0.2, l0_l1=0.5, l1_share=0.3)  # 2 of 3 checked
     assert cheap_missing.choose_budget(AUTO, 512, context_tokens=8000) == 1024
     assert cheap_missing.choose_budget(AUTO, 4000, context_tokens=8000) == 4000  # at most half the context
-    dear_exact = _measured_policy(l0_l2=0.5, l1_l2=1.0, l0_l1=0.5, l1_share=0.9)
-    assert dear_exact.choose_budget(AUTO, 512, context_tokens=8000) == 256
-    assert not dear_exact.costs.measured("l1")  # L1's cost is measured again at its new size
+    dear_exact = _measured_policy(l0_l2=0.5, l1_l2=1.0, l0_l1=0.5, l1_share=0.6)
+    c1 = dear_exact.costs.estimate("l1", 1)
+    assert dear_exact.choose_budget(AUTO, 3072, context_tokens=8000) == 1536
+    # L1's timings are kept, scaled by the KV it no longer reads: at most (c2 - c1) per 4,928 tokens
+    assert dear_exact.costs.estimate("l1", 1) == pytest.approx(c1 - 1536 * (0.100 - c1) / 4928)
     assert Policy().choose_budget(AUTO, 512, context_tokens=8000) == 512  # nothing measured: unchanged
+
+
+def test_the_budget_stays_when_a_smaller_cache_would_hardly_make_l1_cheaper():
+    """L1 at 0.9x L2's cost with an eighth of its context: its forward is the weights, so halving
+    the cache saves under 1 % and costs acceptance (at qa 1K, 128 -> 64, then ar for the session)."""
+    weights_bound = _measured_policy(l0_l2=0.5, l1_l2=1.0, l0_l1=0.5, l1_share=0.9)
+    assert weights_bound.choose_budget(AUTO, 1024, context_tokens=8000) == 1024
+    assert weights_bound.costs.estimate("l1", 1) == pytest.approx(0.090)
 
 
 def test_the_budget_never_moves_back():
     """Each budget rule fires on acceptance measured at the budget before: at qa 8K the two took
-    turns (992 -> 496 -> 992 -> 496), each time forgetting L1's costs. Once moved, never back."""
-    p = _measured_policy(l0_l2=0.5, l1_l2=1.0, l0_l1=0.5, l1_share=0.9)  # L1 dear and exact: shrink
-    assert p.choose_budget(AUTO, 1024, context_tokens=8000) == 512
+    turns (992 -> 496 -> 992 -> 496). Once moved, never back."""
+    p = _measured_policy(l0_l2=0.5, l1_l2=1.0, l0_l1=0.5, l1_share=0.6)  # L1 dear and exact: shrink
+    assert p.choose_budget(AUTO, 3072, context_tokens=8000) == 1536
     for _ in range(200):
         p.observe("l1_l2", 10, 1)  # at the smaller budget L1 misses ...
     for n in range(1, 14):
         p.costs.record("l1", n, 0.3 * (0.100 + 0.015 * (n - 1)))  # ... and is cheap: the rule to grow
-    assert p.choose_budget(AUTO, 512, context_tokens=8000) == 512
+    assert p.choose_budget(AUTO, 1536, context_tokens=8000) == 1536
     grown = _measured_policy(l0_l2=0.5, l1_l2=0.2, l0_l1=0.5, l1_share=0.3)
     assert grown.choose_budget(AUTO, 512, context_tokens=8000) == 1024  # that rule, where nothing shrank
 
@@ -577,8 +587,8 @@ def test_setting_up_the_retrieval_cache_is_not_charged_to_the_cycle_that_needed_
 
 def test_an_interrupted_exploration_is_not_resumed_in_a_later_turn():
     """A structure's exploration is one run of consecutive cycles. Once a scoring leaves it, a new
-    turn does not re-open it, even when its L1 costs were forgotten (choose_budget does that when it
-    resizes the retrieval cache) and the prior prices it within the exploration margin again: at
+    turn does not re-open it, even when its L1 costs fall (choose_budget scales them when it shrinks
+    the retrieval cache) and it is priced within the exploration margin again: at
     continue 1K that re-opening cost a retrieval cache rebuilt for one triforce cycle."""
     p = Policy()
     for n in range(1, 14):
@@ -595,7 +605,7 @@ def test_an_interrupted_exploration_is_not_resumed_in_a_later_turn():
     p.observe("l1_l2", first.gamma2, first.gamma2)
     left = p.choose(AUTO, has_l0=True, context_tokens=8000)
     assert left.mode is not Mode.TRIFORCE
-    p.costs.forget("l1")  # as choose_budget does on a new budget: the prior is optimistic again
+    p.costs.scale("l1", 0.2)  # as choose_budget does on a smaller budget: within the margin again
     p.new_turn()
     for _ in range(8):
         assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is not Mode.TRIFORCE

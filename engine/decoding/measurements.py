@@ -55,9 +55,10 @@ class StepCosts:
         self._timed[level][tokens] = (self._count[level], ref, row[tokens] if ref == tokens else self._now(level, ref))
         self._lines.pop(level, None)
 
-    def forget(self, level: str) -> None:
-        self.table[level].clear()
-        self._timed[level].clear()
+    def scale(self, level: str, factor: float) -> None:
+        """Every timing at `level` times `factor` (the level's forward changed size by a known share)."""
+        self.table[level] = {n: t * factor for n, t in self.table[level].items()}
+        self._timed[level] = {n: (at, ref, cost * factor) for n, (at, ref, cost) in self._timed[level].items()}
         self._lines.pop(level, None)
 
     def measured(self, level: str) -> bool:

@@ -9,6 +9,8 @@ from engine.settings import DecodeSettings, Mode
 
 L1_MAX_SHARE = 0.5  # under auto, L1 structures only while the retrieval cache holds < half the context
 SETUP_HORIZON = 64  # a retrieval cache built to switch to an L1 structure must pay for itself in 64 tokens
+# shrink the budget only where that is predicted to cut L1's forward by 15 % or more (its KV's share)
+SHRINK_SAVING = 0.15
 
 
 class RetrievalChoices:
@@ -57,7 +59,8 @@ class RetrievalChoices:
 
     def choose_budget(self, settings: DecodeSettings, budget: int, context_tokens: int) -> int:
         """The retrieval budget for the next turn (a whole number of chunks): larger when L1 is cheap
-        next to L2 but misses, smaller when it hardly misses and costs nearly as much as L2."""
+        next to L2 but misses, smaller when it hardly misses, costs nearly as much as L2, and a
+        smaller cache would make its forward markedly cheaper."""
         acc, c1, c2 = self.acceptance["l1_l2"], self.costs.estimate("l1", 1), self.costs.estimate("l2", 1)
         if not acc.known or c1 is None or c2 is None:
             return budget
@@ -66,14 +69,30 @@ class RetrievalChoices:
         if acc.rate < 0.7 and c1 < 0.5 * c2:
             new = max(budget, min(budget * 2, context_tokens // 2 // chunk * chunk))
         elif acc.rate > 0.95 and c1 > 0.5 * c2 and budget >= 4 * chunk:
-            new = budget // 2 // chunk * chunk
+            half = budget // 2 // chunk * chunk
+            if self._l1_cost_at(half, budget, context_tokens, c1, c2) > (1.0 - SHRINK_SAVING) * c1:
+                return budget  # L1's forward is its weights, not its cache: halving saves little
+            new = half
         direction = (new > budget) - (new < budget)
         if direction and direction == -self._budget_moved:
             return budget  # never back: each rule fired on acceptance measured at the other budget
         if new != budget:  # (at qa 8K they took turns, 992 -> 496 -> 992 -> 496, each time
             self._budget_moved = direction  # forgetting L1's costs, at 0.78x fixed retrieval-only)
-            self.costs.forget("l1")  # L1's cost changes with its size: measure it again
+            # L1's timings carried over, scaled to its new size: forgotten, L1 was priced by the
+            # optimistic prior but counted as explored, and auto ran ar for the rest of the session
+            # (qa 1K, 2026-12-03: 128 -> 64 after one answer, then ar at 28-31 ms/token beside
+            # retrieval-only's 25.5 before the move)
+            self.costs.scale("l1", self._l1_cost_at(new, budget, context_tokens, c1, c2) / c1)
         return new
+
+    @staticmethod
+    def _l1_cost_at(budget: int, now: int, context_tokens: int, c1: float, c2: float) -> float:
+        """L1's 1-token forward with a retrieval cache of `budget` tokens, from its cost `c1` at `now`
+        tokens and L2's `c2` over the whole context: both read the same weights, so the difference
+        is at most the KV of the tokens L2 reads and L1 does not (an upper bound on the per-token KV
+        cost: the two heads differ too)."""
+        per_token = max(0.0, c2 - c1) / max(1, context_tokens - now)
+        return max(0.0, c1 + per_token * (budget - now))
 
     def _switch_cost(self, s: Structure, remaining: int | None) -> float:
         """Seconds per token a switch to `s` adds: an L1 structure whose cache is not built for this
