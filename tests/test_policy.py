@@ -268,7 +268,7 @@ def test_auto_scores_the_ngram_drafter_on_cycles_it_took_no_part_in(tiny, sample
     checks it against the tokens the target goes on to emit (that cycle's and the next ones'), as a
     verification would have: draft-only's acceptance is learned without a draft-only cycle, from
     whole drafts rather than their first token, and the output is still exactly ar's."""
-    monkeypatch.setattr(measurements, "FORGET", 1.0)  # plain counts, to compare with a recount
+    monkeypatch.setattr(measurements, "ACCEPTANCE_FORGET", 1.0)  # plain counts, to compare with a recount
     doc = [DocumentText("Hamlet", sample_text[:3000])]
     messages = [ChatMessage("user", "Repeat the first line of the play.")]
     ar = ChatSession(tiny, DecodeSettings(mode="ar", max_new_tokens=64), draft="none", capacity=2048)
@@ -309,7 +309,7 @@ def test_a_shadow_draft_is_settled_by_the_tokens_of_later_cycles(tiny, monkeypat
     """A lookup made at an ar cycle is followed over the next cycles: credited with every token the
     target confirms, settled at the first that differs, and counted as matched so far if the
     answer ends first."""
-    monkeypatch.setattr(measurements, "FORGET", 1.0)
+    monkeypatch.setattr(measurements, "ACCEPTANCE_FORGET", 1.0)
     decoder = ChatSession(tiny, AUTO, draft="ngram", capacity=256).decoder
     acc = decoder.policy.acceptance["l0_l2"]
     prompt = [7] * 10
@@ -645,3 +645,24 @@ def test_a_session_selects_l1_up_front_when_the_policy_expects_it(tiny, sample_t
     monkeypatch.setattr(Policy, "l1_ahead", lambda self, *a, **k: False)
     answer_tokens(session, [ChatMessage("user", "Who is Laertes?")], doc)
     assert session.decoder.rebuilds == rebuilds + 1  # ar last, nothing expected: left lazy
+
+
+def test_an_answer_that_ended_on_a_probe_of_ar_still_counts_as_run_on_l1(tiny, sample_text, monkeypatch):
+    """ar's re-timing cycle often falls at an answer's end. The next turn must see the structure it
+    interrupted: read as ar, the turn left the retrieval cache lazy, charged its build to L1, and auto
+    stayed on ar (qa 1K: 25-26 ms/token beside retrieval-only's 23-24, 2026-12-04)."""
+    p = _measured_policy(l0_l2=0.05, l1_l2=0.95, l0_l1=0.05, l1_share=0.3)
+    incumbent = Structure(Mode.RETRIEVAL_ONLY, 4, 2)
+    p.current = incumbent
+    p._probe(Structure(Mode.AR))
+    assert p.current.mode is Mode.AR and p.running == incumbent
+    doc = [DocumentText("Hamlet", sample_text[:3000])]
+    session = ChatSession(tiny, DecodeSettings(mode="auto", budget=64, chunk=16, max_new_tokens=8),
+                          draft="ngram", capacity=2048)
+    monkeypatch.setattr(Policy, "l1_ahead", lambda self, *a, **k: False)
+    session.decoder.policy.forced = [Structure(Mode.AR)]
+    answer_tokens(session, [ChatMessage("user", "Who is Horatio?")], doc)
+    rebuilds = session.decoder.rebuilds
+    session.decoder.policy._incumbent = incumbent  # the last cycle was a probe of ar within retrieval-only
+    answer_tokens(session, [ChatMessage("user", "Who is Ophelia?")], doc)
+    assert session.decoder.rebuilds == rebuilds + 1  # selected up front, as after retrieval-only itself

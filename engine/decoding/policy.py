@@ -3,7 +3,7 @@ gammas to run next, chosen online by expected tokens per second.
 
 Inputs, all measured in this session: seconds per forward at each level as a function of the tokens
 that forward checks (on a CPU, checking 8 tokens costs far more than 1), and per-boundary acceptance
-with exponential forgetting (so a shift in acceptance moves the estimate within ~20 cycles); both
+with exponential forgetting (so a shift in acceptance moves the estimate within ~50 cycles); both
 are kept in engine/decoding/measurements.py. A
 structure is scored as E(a, g) / cost, E(a, g) = (1 - a^(g+1)) / (1 - a) tokens per verification.
 
@@ -111,6 +111,13 @@ class Policy(RetrievalChoices):
     lookups: LookupLog = field(default_factory=LookupLog)  # n-gram lookups at every position, for the replay
     setup_s: float | None = None  # seconds to build the retrieval cache for a prompt (moving average)
     _l1_live: bool = False  # the retrieval cache is built for this turn's prompt (up front, or an L1 structure ran)
+
+    @property
+    def running(self) -> Structure | None:
+        """The structure auto is running: the current one, or the one a probe cycle interrupted (an
+        answer that ended on ar's re-timing cycle still ran retrieval-only, and the next turn must
+        build its cache up front as after any answer on an L1 structure)."""
+        return self._incumbent or self.current
 
     def new_turn(self) -> None:
         """A new prompt: score afresh at the next cycle (an L1 structure must first build its cache)."""

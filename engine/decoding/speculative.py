@@ -117,7 +117,7 @@ class HierarchicalDecoder:
                 self._budget = None
         else:
             self._budget = None
-        mode, last = Mode.of(self.settings.mode), self.policy.current
+        mode, last = Mode.of(self.settings.mode), self.policy.running
         auto_l1 = mode is Mode.AUTO and ((last is not None and last.mode.uses_l1) or self.policy.l1_ahead(
             self.settings, not isinstance(self.drafter, NoDrafter), self.full.length, self.budget()))
         if mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY) or auto_l1:
