@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FORGET = 0.95  # per-observation decay of the acceptance counts
+FORGET = 0.95  # per-cycle decay of the policy's wall-time sums
+# per-observation decay of the acceptance counts: ~50 cycles, two or three answers. With 0.95 (~20)
+# the few rejections at an answer's start (L1's cache and vocabulary not yet fitted to it) read as a
+# shift: at qa 1K auto left retrieval-only after five cycles of one, for ar, 0.93 -> 0.88 frozen
+ACCEPTANCE_FORGET = 0.98
 PRIOR_SLOPE = 0.15  # cost of each extra checked token, as a share of a 1-token forward (CPU: 0.1-0.2)
 PRIOR_HIT = 0.5  # share of L0 proposals that are not empty (n-gram lookups often find nothing)
 SLOWER_WEIGHT = 0.1  # weight of a forward slower than its estimate (faster ones: 0.5) ...
@@ -114,10 +118,11 @@ class Acceptance:
     nonempty: float = 0.0
 
     def add(self, proposed: int, accepted: int) -> None:
-        self.accepted = FORGET * self.accepted + accepted
-        self.tested = FORGET * self.tested + (accepted + (1 if accepted < proposed else 0) if proposed else 0)
-        self.proposals = FORGET * self.proposals + 1
-        self.nonempty = FORGET * self.nonempty + (1 if proposed else 0)
+        f = ACCEPTANCE_FORGET
+        self.accepted = f * self.accepted + accepted
+        self.tested = f * self.tested + (accepted + (1 if accepted < proposed else 0) if proposed else 0)
+        self.proposals = f * self.proposals + 1
+        self.nonempty = f * self.nonempty + (1 if proposed else 0)
 
     @property
     def known(self) -> bool:
