@@ -538,6 +538,21 @@ def test_a_probe_cycle_does_not_become_the_incumbent():
     assert p.choose(AUTO, has_l0=True, context_tokens=8000) == ar
 
 
+def test_a_refresh_probes_an_l1_structure_from_ar_only_where_its_cache_is_cheap_to_build():
+    """On ar with no L1 cache live, the runner-up's refresh may be an L1 structure when building its
+    cache costs at most PROBE_SETUP_STEPS target steps (qa 1K: 10-25 ms, one step), not at 8K
+    (300-700 ms): excluded everywhere, auto that had fallen back to ar never measured L1 again."""
+    for setup, l1_probed in ((0.5, False), (0.15, True)):  # 5 and 1.5 steps of 100 ms
+        p = _measured_policy(l0_l2=0.0, l1_l2=0.6, l0_l1=0.0, l1_share=0.5)
+        ar = Structure(Mode.AR)
+        p.realized(ar, p.seconds_per_token(ar, corrected=False), 1)
+        p.l1_setup(setup)
+        assert p.choose(AUTO, has_l0=True, context_tokens=8000) == ar and not p._l1_live
+        p._since_refresh, p._settled = REFRESH_CYCLES, False  # a refresh is due at this scoring
+        probe = p.choose(AUTO, has_l0=True, context_tokens=8000)
+        assert probe != ar and probe.mode.uses_l1 is l1_probed, (setup, probe)
+
+
 def test_a_cycle_far_over_its_prediction_re_scores_at_once():
     """Re-scoring waits RESCORE_EVERY cycles while nothing moves, but not after a cycle that ran
     SURPRISE times its prediction (triforce at g2 = 8 ran four cycles at 2-3x before a re-score)."""
