@@ -25,8 +25,8 @@ The model counts forwards only. Each cycle's wall time against the model's predi
 tokens it yielded is kept per mode and per structure (decayed sums) and scales its score, so drafting,
 rollback, rebuilds, Python and acceptance that is not i.i.d. all count. After REFRESH_CYCLES
 cycles the runner-up (within REFRESH_MARGIN; one needing an L1 cache that is not live only where
-building it costs under PROBE_SETUP_STEPS target steps) runs one cycle, so the estimates of a
-structure left long ago do not go stale.
+building it costs under PROBE_SETUP_STEPS target steps, retrieval_choice.py) runs one cycle, so
+the estimates of a structure left long ago do not go stale.
 
 ar is priced at its forward's quiet cost (StepCosts) times a ratio of its cycles' wall time to that
 cost which believes a faster cycle mostly at once and a slower one only a little (noise on a shared
@@ -73,7 +73,6 @@ PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2'
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cycle ...
 REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
-PROBE_SETUP_STEPS = 2.0  # ... an L1 one only with its cache live or building it under 2 target steps
 OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
 AR_RETIME = 16  # on a speculative structure, one ar cycle every 16 cycles re-times ar ...
 AR_FASTER = 0.7  # an ar cycle faster than ar's ratio moves it 70% of the way at once ...
@@ -180,7 +179,7 @@ class Policy(RetrievalChoices):
                 if ms <= REFRESH_MARGIN * best_ms:
                     self._settled = False
                     return self._probe(runner_up)
-        incumbent = self._incumbent or self.current  # (_ran clears _incumbent below)
+        incumbent = self.running  # (_ran clears _incumbent below)
         if incumbent is not None and incumbent.mode in modes:
             now = next((ms for ms, s in scored if s.mode is incumbent.mode), None)
             if now is not None and best.mode is not incumbent.mode and best_ms > self._gain(best, incumbent) * now:
@@ -229,17 +228,9 @@ class Policy(RetrievalChoices):
             if mode is not but and 0 < cycles < EXPLORE_CYCLES:
                 self.tried[mode] = EXPLORE_CYCLES
 
-    def _setup_cheap(self) -> bool:
-        """Does building L1's cache for this prompt cost at most PROBE_SETUP_STEPS target steps? Then
-        a refresh may probe an L1 structure from ar. (Excluded always, auto that had left retrieval-only
-        for ar after a slow spell at qa 1K never measured L1 again: the build there is 10-25 ms, one
-        step; at 8K it is 300-700 ms, and still excluded.)"""
-        step = self._c("l2", 1)
-        return self.setup_s is not None and step is not None and self.setup_s <= PROBE_SETUP_STEPS * step
-
     def _probe(self, chosen: Structure) -> Structure:
         """Run `chosen` for one cycle, to measure it; the next choice weighs what it interrupted."""
-        incumbent = self._incumbent or self.current
+        incumbent = self.running
         self._ran(chosen)
         self._incumbent = incumbent
         return chosen

@@ -11,12 +11,13 @@ L1_MAX_SHARE = 0.5  # under auto, L1 structures only while the retrieval cache h
 SETUP_HORIZON = 64  # a retrieval cache built to switch to an L1 structure must pay for itself in 64 tokens
 # shrink the budget only where that is predicted to cut L1's forward by 15 % or more (its KV's share)
 SHRINK_SAVING = 0.15
+PROBE_SETUP_STEPS = 2.0  # a refresh may probe an L1 structure from ar where building its cache costs <= 2 steps
 
 
 class RetrievalChoices:
     """Methods of Policy (its base class) about the retrieval cache. They read and set Policy's
     fields: acceptance, costs, setup_s, _l1_live, _budget_moved, _memo; and call its scoring
-    (_auto_modes, _best_of, _explored, _gain)."""
+    (_auto_modes, _best_of, _explored, _gain, _c)."""
 
     def l1_built(self) -> None:
         """The retrieval cache was selected for this prompt before its first token: a switch to an
@@ -93,6 +94,14 @@ class RetrievalChoices:
         cost: the two heads differ too)."""
         per_token = max(0.0, c2 - c1) / max(1, context_tokens - now)
         return max(0.0, c1 + per_token * (budget - now))
+
+    def _setup_cheap(self) -> bool:
+        """Does building L1's cache for this prompt cost at most PROBE_SETUP_STEPS target steps? Then
+        a refresh may probe an L1 structure from ar. (Excluded always, auto that had left retrieval-only
+        for ar after a slow spell at qa 1K never measured L1 again: the build there is 10-25 ms, one
+        step; at 8K it is 300-700 ms, and still excluded.)"""
+        step = self._c("l2", 1)
+        return self.setup_s is not None and step is not None and self.setup_s <= PROBE_SETUP_STEPS * step
 
     def _switch_cost(self, s: Structure, remaining: int | None) -> float:
         """Seconds per token a switch to `s` adds: an L1 structure whose cache is not built for this
