@@ -26,7 +26,8 @@ def test_bench_interleaves_methods_and_reports_spread(tiny, sample_text, monkeyp
     report = run_bench(tiny, sample_text, 600, 12, methods, DecodeSettings(budget=64, chunk=16), "ngram",
                        "continue", repeats=2, log=lines.append)
     runs = [line.split("] ")[1].split(":")[0] for line in lines if line.startswith("  [")]
-    assert runs == ["ar", "auto", "triforce", "hf"] * 2  # A B C, A B C: every repeat runs every method
+    # A B C, B C A: every repeat runs every method, ours in an order rotated by one, the peers after
+    assert runs == ["ar", "auto", "triforce", "hf", "auto", "triforce", "ar", "hf"]
     assert any(line.startswith("llama.cpp skipped: llama-cpp-python not found") for line in lines)
     by = {r["method"]: r for r in report["results"]}
     assert set(by) == {"auto", "ar", "triforce", "hf"} and "llama.cpp" in report["skipped"]
@@ -91,7 +92,7 @@ def test_a_repeat_the_host_stole_from_is_set_aside_and_run_again(tiny, sample_te
     report = run_bench(tiny, sample_text, 600, 6, ["ar", "auto"], DecodeSettings(budget=64, chunk=16), "ngram",
                        "continue", repeats=2, log=lines.append, max_steal=10.0)
     runs = [line.split("] ")[1].split(":")[0] for line in lines if line.startswith("  [")]
-    assert runs == ["ar", "auto"] * 3  # three repeats ran, two were kept
+    assert runs == ["ar", "auto", "auto", "ar", "ar", "auto"]  # three repeats ran, two were kept
     assert sum("set aside" in line for line in lines) == 1
     assert report["steal_percent_by_repeat"] == [1.0, 0.0] and report["steal_percent"] == 8.5  # 51 of 600
     (aside,) = report["set_aside_repeats"]

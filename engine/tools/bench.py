@@ -3,8 +3,9 @@
 Workloads (DESIGN.md / the paper): `continue` continues a passage of the sample text from N tokens
 of context (the PG-19 setting); `qa` asks a question about the same passage through the chat
 template. Time per token excludes prefill and the first token, for every method alike. Each repeat
-runs every method once, in the same order (A B C, A B C, ...), so a busy spell on a shared machine
-hits every method alike; the table gives each method's median with its min and max, and the load
+runs every method once (A B C, B C A, C A B, ...: our methods rotated by one each repeat, the peers
+after them), so a busy spell on a shared machine hits every method alike and no method always holds
+the same place; the table gives each method's median with its min and max, and the load
 average before and after. The prompt is prefilled once per method family (our session, transformers'
 cache, llama.cpp's context) and reused by every run.
 
@@ -155,7 +156,9 @@ class Peers:
 def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, methods: list[str],
               base: DecodeSettings, draft, workload: str = "continue", repeats: int = 2,
               log=print, peers: Peers | None = None, max_steal: float | None = None) -> dict:
-    """Run every method once per repeat, interleaved; returns the JSON-ready report. A repeat's host
+    """Run every method once per repeat, interleaved; returns the JSON-ready report. Our methods run
+    in an order rotated by one each repeat (ar, auto, triforce; auto, triforce, ar; ...), so no method
+    always runs first after the peers or right after another; the peers follow them. A repeat's host
     steal (engine/tools/host_load.py) is the highest share of the CPU the host took during one of its
     runs. `max_steal`: a repeat over this share (per cent) is set aside, every method's run of it
     alike, and run again, at most `repeats` extra times; the report keeps the set-aside times."""
@@ -173,9 +176,13 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
     extra: dict[str, dict] = {m: {"acceptance": {}, "structures": [], "candidates": []} for m in ordered}
     steal_kept: list[float | None] = []
     set_aside: list[dict] = []
+    ours = [m for m in ordered if m in OUR_METHODS]
+    attempts = 0
     while len(steal_kept) < repeats:
         times, structures, steal = {}, None, None
-        for method in ordered:
+        turn = attempts % len(ours) if ours else 0
+        attempts += 1
+        for method in ours[turn:] + ours[:turn] + [m for m in ordered if m not in OUR_METHODS]:
             start = read_cpu_times()
             if method in OUR_METHODS:
                 got, ms, acceptance, m = _run_ours(session, prompt, settings.replace(mode=method))
