@@ -383,6 +383,21 @@ def test_the_subset_scores_its_tokens_as_the_head_does_and_no_others(tiny_pair):
         assert vocab.count == 104 and vocab.rebuilds == 2
 
 
+def test_emitted_tokens_join_the_subset_and_the_new_ones_are_counted(tiny_pair):
+    """Whatever level ran, the decoder notes each cycle's tokens (Policy.observe_novel prices L1 by
+    the share it could not have proposed); the head's slice waits for L1's next use."""
+    vocab = DraftVocabulary(tiny_pair[0].runner, common=100)
+    prompt = [5000, 7, 40000]
+    assert vocab.note(prompt, [7, 300, 300, 41000]) == 2  # 300 (once) and 41000; 7 is a common id
+    assert vocab.contains(300) and vocab.contains(5000) and not vocab.contains(301)  # the prompt's too, untallied
+    assert vocab.rebuilds == 0 and vocab.count == 104
+    assert vocab.note(prompt + [7, 300, 300, 41000], [300, 5]) == 0
+    assert vocab.cover(prompt + [7, 300, 300, 41000, 300, 5])  # L1's first use since a new prompt: a one-off
+    assert vocab.rebuilds == 1
+    assert not vocab.cover(prompt + [7, 300, 300, 41000, 300, 5, 9])  # the answer's growth
+    assert vocab.note([120, 30000], [31000]) == 1 and vocab.count == 107  # a new prompt: scanned from its start
+
+
 def test_only_a_cpu_head_with_a_large_vocabulary_gets_a_subset(tiny_pair, monkeypatch):
     runner = tiny_pair[0].runner
     assert DraftVocabulary.for_runner(runner) is not None  # 49152 tokens on the CPU

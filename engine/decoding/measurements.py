@@ -137,3 +137,27 @@ class Acceptance:
     def hit(self) -> float:
         """Share of proposals that offered at least one token."""
         return (self.nonempty + PRIOR_HIT) / (self.proposals + 1)
+
+
+NOVEL_FORGET = 0.98  # per token: the share of new tokens over about the last 50
+
+
+@dataclass
+class Novelty:
+    """The share of emitted tokens that were new to L1's vocabulary subset (engine/model/draft_vocab.py)
+    when they came, old tokens forgotten: L1 cannot propose such a token, so each is a rejection
+    its acceptance (counted without these misses) does not show. In a session the share falls as
+    the subset learns the answers' words (in the bench's first answer at qa 2K, 7 of 61 tokens;
+    the same question again, none). 0 until measured (no subset: no such misses)."""
+
+    novel: float = 0.0
+    seen: float = 0.0
+
+    def add(self, novel: int, emitted: int) -> None:
+        f = NOVEL_FORGET ** emitted
+        self.novel = f * self.novel + novel
+        self.seen = f * self.seen + emitted
+
+    @property
+    def rate(self) -> float:
+        return self.novel / self.seen if self.seen > 0 else 0.0

@@ -1,11 +1,11 @@
 """The `auto` policy: which level structure (ar, draft-only, retrieval-only, triforce) and which
 gammas to run next, chosen online by expected tokens per second.
 
-Inputs, all measured in this session: seconds per forward at each level as a function of the tokens
-that forward checks (on a CPU, checking 8 tokens costs far more than 1), and per-boundary acceptance
-with exponential forgetting (so a shift in acceptance moves the estimate within ~50 cycles); both
-are kept in engine/decoding/measurements.py. A
-structure is scored as E(a, g) / cost, E(a, g) = (1 - a^(g+1)) / (1 - a) tokens per verification.
+Inputs, all measured in this session (engine/decoding/measurements.py): seconds per forward at each
+level as a function of the tokens it checks (on a CPU, checking 8 tokens costs far more than 1), and
+per-boundary acceptance forgotten over ~50 cycles. A structure is scored as E(a, g) / cost, E(a, g) =
+(1 - a^(g+1)) / (1 - a) tokens per verification. L1's a leaves out rejections at tokens new to its
+vocabulary subset (each joins it) and is scaled by the share of new tokens instead (Novelty).
 
 Exploration is bounded: a structure not yet measured is tried for EXPLORE_CYCLES verification
 cycles, once per session, and only while its optimistic score is within EXPLORE_MARGIN of the best.
@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.decoding.lookup_replay import LOOKUP_TOKENS, LookupLog
-from engine.decoding.measurements import FORGET, Acceptance, StepCosts
+from engine.decoding.measurements import FORGET, Acceptance, Novelty, StepCosts
 from engine.decoding.retrieval_choice import RetrievalChoices
 from engine.decoding.structure import Structure
 from engine.events import CandidateCost
@@ -110,14 +110,14 @@ class Policy(RetrievalChoices):
     _since_ar: int = 0  # cycles since ar last ran
     _incumbent: Structure | None = None  # what a probe cycle interrupted (None: the current structure)
     lookups: LookupLog = field(default_factory=LookupLog)  # n-gram lookups at every position, for the replay
+    novelty: Novelty = field(default_factory=Novelty)  # the share of new tokens L1's vocabulary lacked
     setup_s: float | None = None  # seconds to build the retrieval cache for a prompt (moving average)
     _l1_live: bool = False  # the retrieval cache is built for this turn's prompt (up front, or an L1 structure ran)
 
     @property
     def running(self) -> Structure | None:
-        """The structure auto is running: the current one, or the one a probe cycle interrupted (an
-        answer that ended on ar's re-timing cycle still ran retrieval-only, and the next turn must
-        build its cache up front as after any answer on an L1 structure)."""
+        """The structure auto is running: the current one, or the one a probe cycle interrupted (an answer
+        that ended on ar's re-timing cycle ran retrieval-only: the next turn builds its cache up front)."""
         return self._incumbent or self.current
 
     def new_turn(self) -> None:
@@ -127,6 +127,10 @@ class Policy(RetrievalChoices):
 
     def observe(self, boundary: str, proposed: int, accepted: int) -> None:
         self.acceptance[boundary].add(proposed, accepted)
+
+    def observe_novel(self, novel: int, emitted: int) -> None:
+        """`novel` of the `emitted` tokens of a cycle were outside L1's vocabulary subset when they came."""
+        self.novelty.add(novel, emitted)
 
     def choose(self, settings: DecodeSettings, has_l0: bool, context_tokens: int,
                budget: int | None = None, remaining: int | None = None) -> Structure:
@@ -288,7 +292,8 @@ class Policy(RetrievalChoices):
             return acc["l0_l1"].rate * acc["l1_l2"].rate  # L0 vs the target ~ L0 vs L1, then L1 vs L2
         if boundary == "l0_l1" and not acc["l0_l1"].known and acc["l0_l2"].known:
             return acc["l0_l2"].rate
-        return acc[boundary].rate
+        new = self.novelty.rate if boundary == "l1_l2" else 0.0  # L1 misses tokens new to its vocabulary
+        return acc[boundary].rate * (1.0 - new)
 
     def _replay(self, gamma: int) -> tuple[float, int, int] | None:
         """draft-only's forwards replayed over the logged lookups (engine/decoding/lookup_replay.py)."""

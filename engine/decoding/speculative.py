@@ -195,7 +195,7 @@ class HierarchicalDecoder:
         out = self._verify_l2(seq, draft)
         accepted = len(out) - 1
         if boundary:
-            self.checked(boundary, len(draft.tokens), accepted)
+            self.checked(boundary, len(draft.tokens), accepted, self._vocab_miss(boundary, draft, out))
         if boundary == "l1_l2":
             if draft.tokens:
                 self._recent_l2.append(accepted / len(draft.tokens))
@@ -205,8 +205,11 @@ class HierarchicalDecoder:
                 self.policy.l1_setup(self._setup_s)
             self.policy.realized(st, time.perf_counter() - started - lookup - self._setup_s, len(out),
                                  checked=len(draft.tokens) + 1)
+            emitted = [token for token, _ in out]
+            vocab = self.l1_vocab
+            if vocab is not None and vocab.active:  # the tokens L1 could not have proposed, whatever ran
+                self.policy.observe_novel(vocab.note(seq, emitted), len(emitted))
             if self.settings.mode == Mode.AUTO:
-                emitted = [token for token, _ in out]
                 first = self._log_lookups(seq, emitted)
                 if first is not None and boundary != "l0_l2":
                     self._shadow_l0(seq, emitted, first)
@@ -293,11 +296,23 @@ class HierarchicalDecoder:
         if self._policy_learns():
             self.policy.costs.record(level, tokens, seconds)
 
-    def checked(self, boundary: str, proposed: int, accepted: int) -> None:
-        """A verification at `boundary` ("l0_l1", "l1_l2", "l0_l2") accepted `accepted` of `proposed`."""
+    def checked(self, boundary: str, proposed: int, accepted: int, vocab_miss: bool = False) -> None:
+        """A verification at `boundary` ("l0_l1", "l1_l2", "l0_l2") accepted `accepted` of `proposed`.
+        `vocab_miss`: the rejection was at a token outside L1's vocabulary subset. It joins the subset
+        now and is never missed so again, so the policy counts the accepted prefix alone and prices
+        such misses by the rate of new tokens (Policy.observe_novel) instead."""
         getattr(self.stats, boundary).add(proposed, accepted)
         if self._policy_learns():
-            self.policy.observe(boundary, proposed, accepted)
+            self.policy.observe(boundary, accepted if vocab_miss else proposed, accepted)
+
+    def _vocab_miss(self, boundary: str, draft: Draft, out: list[tuple[int, Level]]) -> bool:
+        """Did L2 reject L1's draft at a token L1 could not propose (outside its vocabulary subset)?
+        (In the bench's first answer at qa 2K, 7 of fixed retrieval-only's 8 rejections; the next
+        answers, the same tokens now in the subset, had 0-1.)"""
+        vocab = self.l1_vocab
+        rejected = len(out) - 1 < len(draft.tokens)
+        return (boundary == "l1_l2" and rejected and vocab is not None and vocab.active
+                and not vocab.contains(out[-1][0]))
 
     def _verify_l2(self, seq: list[int], draft: Draft) -> list[tuple[int, Level]]:
         """The target with its full cache checks the draft; returns accepted drafts + one L2 token."""

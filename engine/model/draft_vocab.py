@@ -39,6 +39,7 @@ class DraftVocabulary:
         self._last: int | None = None  # ... as long as seq[_scanned - 1] is still this token
         self._ids: torch.Tensor | None = None  # [n] int64, sorted: the subset
         self._head = None  # the head's rows at _ids: QuantWeight or float tensor [n, hidden]
+        self._fresh = False  # note() scanned a new prompt that cover() has not reported yet
         self.rebuilds = 0
 
     @classmethod
@@ -67,6 +68,30 @@ class DraftVocabulary:
         slice ready. Scans only what it has not seen, unless `seq` no longer extends what it scanned
         (a new prompt). Returns whether this was a new prompt's first scan (a one-off, like
         selecting the retrieval cache) rather than the answer's own growth."""
+        first = self._scan(seq) == 0 or self._fresh
+        self._fresh = False
+        if self._ids is None and self.active:
+            self._rebuild()
+        return first
+
+    def contains(self, token: int) -> bool:
+        """Whether L1 can propose `token` now."""
+        return 0 <= token < self.size and bool(self._member[token])
+
+    def note(self, seq: list[int], emitted: list[int]) -> int:
+        """The decoder emitted `emitted` after `seq`, whatever level ran: add them (and `seq`, at a new
+        prompt) to the subset, the head's slice left for L1's next use to rebuild. Returns how many of
+        `emitted` were new to it: tokens L1 could not have proposed there (auto prices L1 with that
+        share, engine/decoding/policy.py)."""
+        if self._scan(seq) == 0:
+            self._fresh = True
+        fresh = [t for t in dict.fromkeys(emitted) if 0 <= t < self.size and not self._member[t]]
+        self._scan(list(seq) + list(emitted))
+        return len(fresh)
+
+    def _scan(self, seq: list[int]) -> int:
+        """Add what `seq` holds past the last scan (all of it, at a new prompt); returns where the scan
+        started (0: a new prompt)."""
         start = self._scanned
         if start > len(seq) or (start and seq[start - 1] != self._last):
             start = 0
@@ -77,9 +102,7 @@ class DraftVocabulary:
                 self._member[fresh] = True
                 self._ids = None
             self._scanned, self._last = len(seq), seq[-1]
-        if self._ids is None and self.active:
-            self._rebuild()
-        return start == 0
+        return start
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [T, hidden], the final norm's output -> logits [T, V] float32: the head's product for
