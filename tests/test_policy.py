@@ -8,7 +8,6 @@ import pytest
 
 from engine.decoding import measurements
 from engine.model import draft_vocab
-from engine.offload.cost import expected_tokens
 from engine.decoding.measurements import PRIOR_SLOPE, STALE, StepCosts
 from engine.decoding.policy import (AR_RETIME, EXPLORE_CYCLES, GROW, OUTLIER, REFRESH_CYCLES, SURPRISE, SWITCH_GAIN,
                                      Policy, Structure, expected_tokens)

@@ -86,22 +86,22 @@ class DraftVocabulary:
         if self._scan(seq) == 0:
             self._fresh = True
         fresh = [t for t in dict.fromkeys(emitted) if 0 <= t < self.size and not self._member[t]]
-        self._scan(list(seq) + list(emitted))
+        self._scan(seq, emitted)  # seq is scanned by now: only `emitted`, without copying seq
         return len(fresh)
 
-    def _scan(self, seq: list[int]) -> int:
-        """Add what `seq` holds past the last scan (all of it, at a new prompt); returns where the scan
-        started (0: a new prompt)."""
+    def _scan(self, seq: list[int], tail: list[int] = ()) -> int:
+        """Add what seq + tail holds past the last scan (all of it, at a new prompt); returns where
+        the scan started (0: a new prompt)."""
         start = self._scanned
         if start > len(seq) or (start and seq[start - 1] != self._last):
             start = 0
-        if start < len(seq):
-            fresh = np.asarray(seq[start:], dtype=np.int64)
+        if start < len(seq) + len(tail):
+            fresh = np.asarray(list(seq[start:]) + list(tail), dtype=np.int64)
             fresh = fresh[(fresh >= 0) & (fresh < self.size)]
             if not self._member[fresh].all():
                 self._member[fresh] = True
                 self._ids = None
-            self._scanned, self._last = len(seq), seq[-1]
+            self._scanned, self._last = len(seq) + len(tail), (tail or seq)[-1]
         return start
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
