@@ -12,7 +12,9 @@ draft-only priced by the acceptance model, as before the fourteenth pass: its lo
 counts as ready), `auto-censored` (the shipped policy with
 the shadow lookups of before the thirteenth pass: checked against the cycle's own tokens only),
 `auto-reopen` (the shipped policy with an interrupted exploration re-opened by a later scoring, as
-before the seventeenth pass),
+before the seventeenth pass), `auto-combined` (the shipped policy with one wall/model ratio per mode and
+structure, a cycle's wall time over the predicted seconds per token times the tokens it yielded, as
+before the twenty-sixth pass; engine/decoding/realized.py keeps time and yield apart),
 `auto-s4` (ar priced from its step-cost
 table and its mode's wall/model ratio, never re-timed beside a speculative structure: the policy
 of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-min` (re-timed, priced at the lower of auto's price and auto-median3's), `auto-median3` (ar priced at the
@@ -36,6 +38,7 @@ from engine.decoding import measurements as M
 from engine.decoding import policy as P
 from engine.decoding.drafters import common_prefix
 from engine.decoding.lookup_replay import LookupLog
+from engine.decoding.realized import Realized
 from engine.decoding.session import ChatSession
 from engine.model.loading import load_folder
 from engine.settings import DecodeSettings
@@ -186,12 +189,42 @@ class ReopenPolicy(P.Policy):
         pass
 
 
+class CombinedRatios(Realized):
+    """Before the twenty-sixth pass: one wall/model ratio, a cycle's wall time over the predicted
+    seconds per token times the tokens it yielded, per mode and per structure (no yield pooled
+    per boundary)."""
+
+    def add(self, s, wall, model, expected, tokens):
+        per_token = model / expected
+        super().add(s, wall, per_token * tokens, tokens, tokens)  # yield ratio 1: all in the time
+
+
+class CombinedPolicy(P.Policy):
+    """The policy of the twenty-fifth pass: one combined ratio, and a cycle over OUTLIER x the
+    predicted seconds per token times its tokens dropped as a one-off."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("ratios", CombinedRatios())
+        super().__init__(*args, **kwargs)
+
+    def realized(self, s, seconds, tokens, checked=0):
+        predicted = self.seconds_per_token(s, corrected=False)
+        if predicted is not None and tokens >= 1 and seconds > P.OUTLIER * predicted * tokens:
+            self._memo.clear()
+            return
+        super().realized(s, seconds, tokens, checked)
+
+
 class OldPolicy(RatioPolicy):
     """...and one wall/model ratio per mode."""
 
-    def _overhead(self, s):
-        self._realized_by.clear()
-        return P.Policy._overhead(self, s)
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("ratios", CombinedRatios())
+        super().__init__(*args, **kwargs)
+
+    def seconds_per_token(self, s, corrected=True):
+        self.ratios.structures.clear()
+        return super().seconds_per_token(s, corrected)
 
 
 def main() -> None:
@@ -207,7 +240,7 @@ def main() -> None:
             base = base.replace(budget=default_budget(context, base.chunk))  # the bench's retrieval budget
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + new_tokens + 64)
             policies = {"auto": P.Policy(), "auto-prev": PrevPolicy(), "auto-noreplay": P.Policy(lookups=UnreadyLog()), "auto-censored": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
-                        "auto-ratio": RatioPolicy(costs=LineCosts()), "auto-reopen": ReopenPolicy()}
+                        "auto-ratio": RatioPolicy(costs=LineCosts()), "auto-reopen": ReopenPolicy(), "auto-combined": CombinedPolicy()}
             shadow = session.decoder._shadow_l0
             dec = session.decoder
 
@@ -219,7 +252,7 @@ def main() -> None:
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-prev", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3", "auto-reopen") \
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-prev", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3", "auto-reopen", "auto-combined") \
                             else censored_shadow if method == "auto-censored" else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))

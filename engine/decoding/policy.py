@@ -21,9 +21,10 @@ replayed over the last positions (engine/decoding/lookup_replay.py), exact under
 same forwards as ar, so it shares ar's wall/forward ratio (and its cycles re-time ar), and a smaller
 margin (REPLAY_GAIN) decides between the two.
 
-The model counts forwards only. Each cycle's wall time against the model's prediction for the
-tokens it yielded is kept per mode and per structure (decayed sums) and scales its score, so drafting,
-rollback, rebuilds, Python and acceptance that is not i.i.d. all count. After REFRESH_CYCLES
+The model counts forwards only. What each cycle really took scales its structure's score, in two
+parts (engine/decoding/realized.py): its wall time against its modelled forwards, per mode and per
+structure (drafting, rollback, rebuilds, Python), and its tokens against E(a, g), per boundary and
+per structure (acceptance that is not i.i.d.). After REFRESH_CYCLES
 cycles the runner-up (within REFRESH_MARGIN; one needing an L1 cache that is not live only where
 building it costs under PROBE_SETUP_STEPS target steps, retrieval_choice.py) runs one cycle, so
 the estimates of a structure left long ago do not go stale.
@@ -45,7 +46,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.decoding.lookup_replay import LOOKUP_TOKENS, LookupLog
-from engine.decoding.measurements import FORGET, Acceptance, Novelty, StepCosts
+from engine.decoding.measurements import Acceptance, Novelty, StepCosts
+from engine.decoding.realized import OUTLIER, Realized
 from engine.decoding.retrieval_choice import RetrievalChoices
 from engine.decoding.structure import Structure
 from engine.events import CandidateCost
@@ -65,7 +67,6 @@ SPECULATION_GAIN = 0.9
 # 1-2K on a Zen 1 fixed retrieval-only ran 0.89-0.91x ar's ms/token, and auto, asking for 10 %, stayed on ar
 MEASURED_GAIN = 0.95
 REALIZED_CYCLES = 6
-RATIO_PRIOR_CYCLES = 2  # a mode's wall/model ratio counts as 2 more cycles at 1.0
 MAX_GAMMA1 = 8
 MAX_GAMMA2 = 12  # gamma1 + gamma2 + 2 stays inside the retrieval cache's minimum headroom (128 / 2)
 GROW = 2  # a forward may check at most 2 tokens more than the largest one timed at its level
@@ -73,7 +74,6 @@ PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2'
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cycle ...
 REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
-OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
 AR_RETIME = 16  # on a speculative structure, one ar cycle every 16 cycles re-times ar ...
 AR_FASTER = 0.7  # an ar cycle faster than ar's ratio moves it 70% of the way at once ...
 AR_SLOWER = 0.1  # ... a slower one 10%, counted as at most AR_CLIP times the ratio
@@ -96,9 +96,7 @@ class Policy(RetrievalChoices):
     current: Structure | None = None
     candidates: tuple[CandidateCost, ...] = ()
     switches: int = 0
-    _realized: dict = field(default_factory=dict, repr=False)  # mode -> (wall s, predicted s), decayed
-    _realized_by: dict = field(default_factory=dict, repr=False)  # structure -> (wall s, predicted s, last cycle's)
-    _realized_cycles: dict = field(default_factory=dict, repr=False)  # mode -> cycles in _realized
+    ratios: Realized = field(default_factory=Realized)  # what cycles really took against the model
     forced: list[Structure] | None = None  # tests: a script of structures to run, one per cycle
     _memo: dict = field(default_factory=dict, repr=False)  # inputs of the current choice
     _settled: bool = False  # the last scoring chose without exploring
@@ -206,7 +204,7 @@ class Policy(RetrievalChoices):
             return REPLAY_GAIN
         if current.mode is not Mode.AR:
             return SWITCH_GAIN
-        return MEASURED_GAIN if self._realized_cycles.get(best.mode, 0) >= REALIZED_CYCLES else SPECULATION_GAIN
+        return MEASURED_GAIN if self.ratios.cycles(best.mode) >= REALIZED_CYCLES else SPECULATION_GAIN
 
     @staticmethod
     def _explored_at(s: Structure, settings: DecodeSettings, remaining: int | None) -> Structure:
@@ -322,7 +320,7 @@ class Policy(RetrievalChoices):
             return seconds * self._ar_ratio
         if s.mode is Mode.DRAFT_ONLY and corrected and self._replay(s.gamma1) is not None:
             return seconds * (self._ar_ratio or 1.0) / tokens  # the same forwards as ar's, the same overhead
-        return seconds * (self._overhead(s) if corrected else 1.0) / tokens
+        return seconds * (self.ratios.ratio(s) if corrected else 1.0) / tokens
 
     def cycle_cost(self, s: Structure) -> tuple[float, float] | None:
         """(seconds of the forwards one cycle of `s` runs, tokens it yields), from the timed levels."""
@@ -355,21 +353,21 @@ class Policy(RetrievalChoices):
 
     def realized(self, s: Structure, seconds: float, tokens: int, checked: int = 0) -> None:
         """A cycle of `s` took `seconds` of wall time and yielded `tokens` tokens. Learn how far
-        that is from the model, per mode: wall time over predicted time for those tokens. It takes
-        in what the forwards do not show (drafting, acceptance, rollback, retrieval rebuilds,
-        Python) and how far real acceptance runs from the i.i.d. E(a, g) (n-gram drafts are
-        accepted whole or not at all)."""
+        that is from the model (engine/decoding/realized.py): its time against the seconds the model
+        gives its forwards (drafting, rollback, retrieval rebuilds, Python), and its tokens against
+        E(a, g) (acceptance that is not i.i.d.: n-gram drafts are accepted whole or not at all)."""
         self._memo.clear()
         believed = self.seconds_per_token(s)
         if believed is not None and tokens >= 1 and seconds > SURPRISE * believed * tokens:
             self._settled = False  # do not wait RESCORE_EVERY cycles on a structure this far off (at
             # continue 2K, triforce g2=8 predicted 26 ms/token ran four cycles at 57-88 before a re-score)
-        predicted = self.seconds_per_token(s, corrected=False)
-        if predicted is None or tokens < 1:
+        cycle = self.cycle_cost(s)
+        if cycle is None or tokens < 1:
             return
+        model, expected = cycle
         plain = None
         if s.mode is Mode.AR and tokens == 1:
-            plain = predicted
+            plain = model
         elif s.mode is Mode.DRAFT_ONLY and checked and self.lookups.ready():
             plain = self._c("l2", checked)  # one forward, as ar's cycle: its wall time re-times ar
         if plain:
@@ -377,36 +375,9 @@ class Policy(RetrievalChoices):
             if old is not None and r > old:  # the step-cost table took in part of a slow spell already:
                 r = min(r, AR_CLIP * old)  # one slow cycle must not price ar out (23 -> 39 ms at qa 2K)
             self._ar_ratio = r if old is None else old + (AR_FASTER if r < old else AR_SLOWER) * (r - old)
-        expected = predicted * tokens
-        if seconds > OUTLIER * expected:  # a one-off (an n-gram index built over the whole book)
+        if seconds > OUTLIER * model:  # a one-off (an n-gram index built over the whole book)
             return
-        wall, model = self._realized.get(s.mode, (0.0, 0.0))
-        self._realized[s.mode] = (FORGET * wall + seconds, FORGET * model + expected)
-        self._realized_cycles[s.mode] = self._realized_cycles.get(s.mode, 0) + 1
-        wall, model, _ = self._realized_by.get(s, (0.0, 0.0, 0.0))
-        self._realized_by[s] = (FORGET * wall + seconds, FORGET * model + expected, expected)
-
-    def _overhead(self, s: Structure) -> float:
-        """Measured wall time / modelled forward time of `s`'s cycles. The ratio of its mode (every
-        gamma), refined by this structure's own cycles, weighed as one cycle of the mode's: how far
-        the model misses grows with the draft lengths (triforce measured 1.2x its model at g2 = 6
-        and 1.45x at g2 = 11 at 8K), so a ratio learned at short drafts must not flatter long ones.
-        A mode not yet run gets the smallest ratio seen so far (optimistic, so that bounded
-        exploration still tries it), else 1."""
-        def ratio(wall: float, model: float) -> float:
-            return max(0.5, min(OUTLIER, wall / model))
-        if s.mode in self._realized:  # scored ~130 times per choice: only this mode's ratio
-            # drawn toward 1 while its cycles are few: one exploration cycle of retrieval-only at qa
-            # 1K yielded 2 tokens of 7 (1.63x its model) and priced the mode out for the session
-            n = self._realized_cycles.get(s.mode, 0)
-            mode_ratio = 1.0 + (ratio(*self._realized[s.mode]) - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
-        else:
-            mode_ratio = min((ratio(*sums) for sums in self._realized.values()), default=1.0)
-        own = self._realized_by.get(s)
-        if own is None:
-            return mode_ratio
-        wall, model, one_cycle = own
-        return ratio(wall + mode_ratio * one_cycle, model + one_cycle)
+        self.ratios.add(s, seconds, model, expected, tokens)
 
     def _within_measured(self, s: Structure, l2: int, l1: int) -> bool:
         """Are the forwards `s` runs at most GROW tokens larger than the largest timed at their level

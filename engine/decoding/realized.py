@@ -1,0 +1,100 @@
+"""How far `auto`'s verification cycles run from its cost model, in two parts kept apart.
+
+- Time: a cycle's wall time against the seconds the model gives its forwards (drafting, rollback,
+  retrieval rebuilds and Python show here). Kept per mode, and per structure (how far the model
+  misses grows with the draft lengths: triforce measured 1.2x its model at g2 = 6 and 1.45x at
+  g2 = 11 at 8K, so a ratio learned at short drafts must not flatter long ones).
+- Yield: the tokens E(a, g) promised against the tokens the cycle yielded (acceptance that is not
+  i.i.d.: n-gram drafts are accepted whole or not at all, hard passages bunch the rejections).
+  Kept per boundary, pooled over the modes that check there (retrieval-only and triforce both
+  yield through L1 -> L2), and refined per structure against a prior of YIELD_PRIOR_CYCLES cycles at the boundary's ratio.
+
+Both were one ratio, wall time over the predicted seconds per token times the tokens yielded, per
+mode. A cycle's yield swings far more than its time (checking 7 tokens at acceptance 0.95 yields 2
+about one cycle in 20), so one unlucky cycle set a mode's price for the session: at qa 1K
+retrieval-only's one exploration cycle yielded 2 of 7 tokens in 181 ms (1.18x its modelled time),
+read as 2.66x its model, and auto ran triforce over the same L1 -> L2 check for the rest of the
+session, 0.89x fixed retrieval-only. Apart, its time read 1.18x (drawn to 1.06 as one cycle) and its
+yield joined triforce's 70 cycles at the same boundary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.decoding.measurements import FORGET
+from engine.decoding.structure import Structure
+from engine.settings import Mode
+
+OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
+RATIO_PRIOR_CYCLES = 2  # a mode's time ratio and a boundary's yield ratio count 2 more cycles at 1.0
+YIELD_PRIOR_CYCLES = 6  # a structure's own yield counts as 6 more cycles at its boundary's ratio
+BOUNDARY = {Mode.DRAFT_ONLY: "l0_l2", Mode.RETRIEVAL_ONLY: "l1_l2", Mode.TRIFORCE: "l1_l2"}  # where L2 checks
+
+
+def clip(ratio: float) -> float:
+    return max(0.5, min(OUTLIER, ratio))
+
+
+@dataclass
+class CycleSums:
+    """Decayed sums over cycles: wall seconds, modelled seconds, promised tokens, yielded tokens."""
+
+    wall: float = 0.0
+    model: float = 0.0
+    expected: float = 0.0
+    tokens: float = 0.0
+    cycles: int = 0
+    last_model: float = 0.0  # the latest cycle's modelled seconds and promised tokens
+    last_expected: float = 0.0
+
+    def add(self, wall: float, model: float, expected: float, tokens: int) -> None:
+        self.wall, self.model = FORGET * self.wall + wall, FORGET * self.model + model
+        self.expected, self.tokens = FORGET * self.expected + expected, FORGET * self.tokens + tokens
+        self.cycles += 1
+        self.last_model, self.last_expected = model, expected
+
+
+@dataclass
+class Realized:
+    """What the cycles of each mode, structure and boundary really took against the model."""
+
+    modes: dict[Mode, CycleSums] = field(default_factory=dict)
+    structures: dict[Structure, CycleSums] = field(default_factory=dict)
+    boundaries: dict[str, CycleSums] = field(default_factory=dict)
+
+    def add(self, s: Structure, wall: float, model: float, expected: float, tokens: int) -> None:
+        """A cycle of `s` took `wall` seconds where the model gave its forwards `model` seconds, and
+        yielded `tokens` where E(a, g) promised `expected`."""
+        keyed = [(self.modes, s.mode), (self.structures, s)]
+        if s.mode in BOUNDARY:
+            keyed.append((self.boundaries, BOUNDARY[s.mode]))
+        for table, key in keyed:
+            table.setdefault(key, CycleSums()).add(wall, model, expected, tokens)
+
+    def cycles(self, mode: Mode) -> int:
+        return self.modes[mode].cycles if mode in self.modes else 0
+
+    def mode_time(self, mode: Mode) -> float:
+        """The mode's wall/model time ratio, drawn toward 1 while its cycles are few (a mode not yet
+        run: the smallest ratio seen, optimistic, so that bounded exploration still tries it)."""
+        sums = self.modes.get(mode)
+        if sums is None:
+            return min((clip(m.wall / m.model) for m in self.modes.values()), default=1.0)
+        n = sums.cycles
+        return 1.0 + (clip(sums.wall / sums.model) - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
+
+    def ratio(self, s: Structure) -> float:
+        """Predicted wall time per token of `s` over the model's: time ratio x yield ratio."""
+        own = self.structures.get(s)
+        time = self.mode_time(s.mode)
+        if own is not None:  # its own cycles, weighed against one cycle at the mode's ratio
+            time = clip((own.wall + time * own.last_model) / (own.model + own.last_model))
+        boundary = self.boundaries.get(BOUNDARY.get(s.mode, ""))
+        if boundary is None:
+            return time
+        n = boundary.cycles  # drawn toward 1 while the boundary's cycles are few, as the time
+        pooled = 1.0 + (clip(boundary.expected / boundary.tokens) - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
+        if own is not None and own.last_expected > 0:
+            prior = YIELD_PRIOR_CYCLES * own.last_expected  # tokens at the boundary's ratio
+            pooled = clip((own.expected + prior) / (own.tokens + prior / pooled))
+        return clip(time * pooled)
