@@ -14,7 +14,9 @@ the shadow lookups of before the thirteenth pass: checked against the cycle's ow
 `auto-reopen` (the shipped policy with an interrupted exploration re-opened by a later scoring, as
 before the seventeenth pass), `auto-combined` (the shipped policy with one wall/model ratio per mode and
 structure, a cycle's wall time over the predicted seconds per token times the tokens it yielded, as
-before the twenty-sixth pass; engine/decoding/realized.py keeps time and yield apart),
+before the twenty-sixth pass; engine/decoding/realized.py keeps time and yield apart), `auto-mean`
+(the twenty-sixth pass's policy: the speculative modes' time ratios as decayed means, noise
+averaged in, and 6 cycles of a mode before the 5 % bar to leave ar),
 `auto-s4` (ar priced from its step-cost
 table and its mode's wall/model ratio, never re-timed beside a speculative structure: the policy
 of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-min` (re-timed, priced at the lower of auto's price and auto-median3's), `auto-median3` (ar priced at the
@@ -38,7 +40,7 @@ from engine.decoding import measurements as M
 from engine.decoding import policy as P
 from engine.decoding.drafters import common_prefix
 from engine.decoding.lookup_replay import LookupLog
-from engine.decoding.realized import Realized
+from engine.decoding.realized import RATIO_PRIOR_CYCLES, Realized, clip
 from engine.decoding.session import ChatSession
 from engine.model.loading import load_folder
 from engine.settings import DecodeSettings
@@ -189,7 +191,41 @@ class ReopenPolicy(P.Policy):
         pass
 
 
-class CombinedRatios(Realized):
+class MeanRealized(Realized):
+    """Before the twenty-seventh pass: a mode's and a structure's time ratio as decayed means of
+    wall over modelled seconds (noise averaged in), where ar's was filtered (realized.settle)."""
+
+    def mode_time(self, mode):
+        sums = self.modes.get(mode)
+        if sums is None:
+            return min((clip(m.wall / m.model) for m in self.modes.values()), default=1.0)
+        n = sums.cycles
+        return 1.0 + (clip(sums.wall / sums.model) - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
+
+    def ratio(self, s):
+        own = self.structures.get(s)
+        time = self.mode_time(s.mode)
+        if own is not None:  # the mean over its own cycles, weighed against one cycle at the mode's ratio
+            time = clip((own.wall + time * own.last_model) / (own.model + own.last_model))
+        return clip(time * self.yield_ratio(s))
+
+
+class MeanPolicy(P.Policy):
+    """The policy of the twenty-sixth pass: MeanRealized, and the 5 % bar to leave ar only after 6
+    cycles of the mode (3 now)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("ratios", MeanRealized())
+        super().__init__(*args, **kwargs)
+
+    def _gain(self, best, current):
+        if current.mode is P.Mode.AR and not ({best.mode, current.mode} == {P.Mode.AR, P.Mode.DRAFT_ONLY}
+                                              and self.lookups.ready()):
+            return P.MEASURED_GAIN if self.ratios.cycles(best.mode) >= 6 else P.SPECULATION_GAIN
+        return super()._gain(best, current)
+
+
+class CombinedRatios(MeanRealized):
     """Before the twenty-sixth pass: one wall/model ratio, a cycle's wall time over the predicted
     seconds per token times the tokens it yielded, per mode and per structure (no yield pooled
     per boundary)."""
@@ -240,7 +276,8 @@ def main() -> None:
             base = base.replace(budget=default_budget(context, base.chunk))  # the bench's retrieval budget
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + new_tokens + 64)
             policies = {"auto": P.Policy(), "auto-prev": PrevPolicy(), "auto-noreplay": P.Policy(lookups=UnreadyLog()), "auto-censored": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
-                        "auto-ratio": RatioPolicy(costs=LineCosts()), "auto-reopen": ReopenPolicy(), "auto-combined": CombinedPolicy()}
+                        "auto-ratio": RatioPolicy(costs=LineCosts()), "auto-reopen": ReopenPolicy(), "auto-combined": CombinedPolicy(),
+                        "auto-mean": MeanPolicy()}
             shadow = session.decoder._shadow_l0
             dec = session.decoder
 
@@ -252,7 +289,7 @@ def main() -> None:
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-prev", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3", "auto-reopen", "auto-combined") \
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-prev", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3", "auto-reopen", "auto-combined", "auto-mean") \
                             else censored_shadow if method == "auto-censored" else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))

@@ -36,8 +36,9 @@ sampling) shows in every cycle. (Priced by the median wall time of its last 3 cy
 priced it at 49 ms/token against 27 quiet at qa 2K, and auto left it for draft-only and triforce,
 slower in the same spell. Kept from a turn's first cycles, a slow spell inflated it to 62.7 against
 32.9.) While a speculative structure runs, one ar cycle every AR_RETIME cycles keeps that ratio
-current. The speculative structures keep decayed sums: their cycles' ratios vary with acceptance
-too, which must be averaged, not filtered. A probe cycle (ar re-timed, the runner-up refreshed)
+current. The speculative structures' time is filtered the same way (one estimator for every mode,
+so that noise does not favour the one read near its quiet cost); their yield varies with
+acceptance, which must be averaged, not filtered, and is kept as decayed sums. A probe cycle (ar re-timed, the runner-up refreshed)
 does not become the incumbent: the next choice weighs the structure it interrupted (the runner-up,
 once run, had kept itself by SWITCH_GAIN for four cycles at 1.5x ar's cost).
 """
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 
 from engine.decoding.lookup_replay import LOOKUP_TOKENS, LookupLog
 from engine.decoding.measurements import Acceptance, Novelty, StepCosts
-from engine.decoding.realized import OUTLIER, Realized
+from engine.decoding.realized import OUTLIER, Realized, settle
 from engine.decoding.retrieval_choice import RetrievalChoices
 from engine.decoding.structure import Structure
 from engine.events import CandidateCost
@@ -64,9 +65,11 @@ SWITCH_GAIN = 0.92  # switch only if the best predicts <= 92% of the current str
 SPECULATION_GAIN = 0.9
 # ... and for one predicted at <= 95 % once REALIZED_CYCLES of its mode's own cycles have scaled its
 # prediction by their wall time (the 6-14 % were the model's error before that correction): at qa
-# 1-2K on a Zen 1 fixed retrieval-only ran 0.89-0.91x ar's ms/token, and auto, asking for 10 %, stayed on ar
+# 1-2K on a Zen 1 fixed retrieval-only ran 0.89-0.91x ar's ms/token, and auto, asking for 10 %, stayed on ar.
+# Its exploration's cycles are enough since their time is filtered as ar's is (realized.settle): with
+# 6, the 10 % bar held until two refresh cycles had run, over 100 cycles later (ar for three answers at qa 1K)
 MEASURED_GAIN = 0.95
-REALIZED_CYCLES = 6
+REALIZED_CYCLES = 3
 MAX_GAMMA1 = 8
 MAX_GAMMA2 = 12  # gamma1 + gamma2 + 2 stays inside the retrieval cache's minimum headroom (128 / 2)
 GROW = 2  # a forward may check at most 2 tokens more than the largest one timed at its level
@@ -75,9 +78,6 @@ PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cycle ...
 REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
 AR_RETIME = 16  # on a speculative structure, one ar cycle every 16 cycles re-times ar ...
-AR_FASTER = 0.7  # an ar cycle faster than ar's ratio moves it 70% of the way at once ...
-AR_SLOWER = 0.1  # ... a slower one 10%, counted as at most AR_CLIP times the ratio
-AR_CLIP = 1.25
 SURPRISE = 1.5  # a cycle over 1.5x its structure's predicted ms/token re-scores the choice at once
 # ar against a draft-only priced by replaying its lookups (engine/decoding/lookup_replay.py): both
 # run the same forwards, timed in one table, and the replay knows which drafts held, so the margin
@@ -371,10 +371,9 @@ class Policy(RetrievalChoices):
         elif s.mode is Mode.DRAFT_ONLY and checked and self.lookups.ready():
             plain = self._c("l2", checked)  # one forward, as ar's cycle: its wall time re-times ar
         if plain:
-            r, old = max(0.5, min(OUTLIER, seconds / plain)), self._ar_ratio
-            if old is not None and r > old:  # the step-cost table took in part of a slow spell already:
-                r = min(r, AR_CLIP * old)  # one slow cycle must not price ar out (23 -> 39 ms at qa 2K)
-            self._ar_ratio = r if old is None else old + (AR_FASTER if r < old else AR_SLOWER) * (r - old)
+            # the step-cost table took in part of a slow spell already: one slow cycle must not
+            # price ar out (23 -> 39 ms at qa 2K); the same filter as every mode's time (realized.settle)
+            self._ar_ratio = settle(self._ar_ratio, seconds / plain)
         if seconds > OUTLIER * model:  # a one-off (an n-gram index built over the whole book)
             return
         self.ratios.add(s, seconds, model, expected, tokens)

@@ -3,7 +3,11 @@
 - Time: a cycle's wall time against the seconds the model gives its forwards (drafting, rollback,
   retrieval rebuilds and Python show here). Kept per mode, and per structure (how far the model
   misses grows with the draft lengths: triforce measured 1.2x its model at g2 = 6 and 1.45x at
-  g2 = 11 at 8K, so a ratio learned at short drafts must not flatter long ones).
+  g2 = 11 at 8K, so a ratio learned at short drafts must not flatter long ones). Filtered as ar's
+  ratio is (`settle`): noise on a shared machine only adds time, so a faster cycle is believed mostly
+  at once and a slower one a little. (Kept as decayed means, the speculative modes read their
+  average cycle, noise included, while ar read near its quiet cost: at qa 1K auto weighed
+  retrieval-only at 0.957x ar where the fixed mode ran 0.86-0.90x, and stayed on ar.)
 - Yield: the tokens E(a, g) promised against the tokens the cycle yielded (acceptance that is not
   i.i.d.: n-gram drafts are accepted whole or not at all, hard passages bunch the rejections).
   Kept per boundary, pooled over the modes that check there (retrieval-only and triforce both
@@ -26,6 +30,9 @@ from engine.decoding.structure import Structure
 from engine.settings import Mode
 
 OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structure's cost
+FASTER = 0.7  # a cycle's time ratio below the filtered one moves it 70% of the way at once ...
+SLOWER = 0.1  # ... one above it 10%, counted as at most SLOW_CLIP times the filtered ratio
+SLOW_CLIP = 1.25
 RATIO_PRIOR_CYCLES = 2  # a mode's time ratio and a boundary's yield ratio count 2 more cycles at 1.0
 YIELD_PRIOR_CYCLES = 6  # a structure's own yield counts as 6 more cycles at its boundary's ratio
 BOUNDARY = {Mode.DRAFT_ONLY: "l0_l2", Mode.RETRIEVAL_ONLY: "l1_l2", Mode.TRIFORCE: "l1_l2"}  # where L2 checks
@@ -35,9 +42,21 @@ def clip(ratio: float) -> float:
     return max(0.5, min(OUTLIER, ratio))
 
 
+def settle(old: float | None, ratio: float) -> float:
+    """A time ratio filtered against noise that only adds time: the first is believed whole, a
+    faster one FASTER of the way, a slower one SLOWER of the way to at most SLOW_CLIP x `old`."""
+    ratio = clip(ratio)
+    if old is None:
+        return ratio
+    if ratio < old:
+        return old + FASTER * (ratio - old)
+    return old + SLOWER * (min(ratio, SLOW_CLIP * old) - old)
+
+
 @dataclass
 class CycleSums:
-    """Decayed sums over cycles: wall seconds, modelled seconds, promised tokens, yielded tokens."""
+    """Decayed sums over cycles: wall seconds, modelled seconds, promised tokens, yielded tokens;
+    and the wall/model time ratio filtered by `settle`."""
 
     wall: float = 0.0
     model: float = 0.0
@@ -46,8 +65,10 @@ class CycleSums:
     cycles: int = 0
     last_model: float = 0.0  # the latest cycle's modelled seconds and promised tokens
     last_expected: float = 0.0
+    time: float | None = None
 
     def add(self, wall: float, model: float, expected: float, tokens: int) -> None:
+        self.time = settle(self.time, wall / model)
         self.wall, self.model = FORGET * self.wall + wall, FORGET * self.model + model
         self.expected, self.tokens = FORGET * self.expected + expected, FORGET * self.tokens + tokens
         self.cycles += 1
@@ -75,26 +96,32 @@ class Realized:
         return self.modes[mode].cycles if mode in self.modes else 0
 
     def mode_time(self, mode: Mode) -> float:
-        """The mode's wall/model time ratio, drawn toward 1 while its cycles are few (a mode not yet
-        run: the smallest ratio seen, optimistic, so that bounded exploration still tries it)."""
+        """The mode's filtered wall/model time ratio, drawn toward 1 while its cycles are few (a mode
+        not yet run: the smallest ratio seen, optimistic, so that bounded exploration still tries it)."""
         sums = self.modes.get(mode)
         if sums is None:
-            return min((clip(m.wall / m.model) for m in self.modes.values()), default=1.0)
+            return min((m.time for m in self.modes.values()), default=1.0)
         n = sums.cycles
-        return 1.0 + (clip(sums.wall / sums.model) - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
+        return 1.0 + (sums.time - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
 
     def ratio(self, s: Structure) -> float:
         """Predicted wall time per token of `s` over the model's: time ratio x yield ratio."""
         own = self.structures.get(s)
         time = self.mode_time(s.mode)
         if own is not None:  # its own cycles, weighed against one cycle at the mode's ratio
-            time = clip((own.wall + time * own.last_model) / (own.model + own.last_model))
+            time = (own.cycles * own.time + time) / (own.cycles + 1)
+        return clip(time * self.yield_ratio(s))
+
+    def yield_ratio(self, s: Structure) -> float:
+        """The tokens E(a, g) promises over those `s`'s cycles yield: its boundary's, pooled over
+        the modes checking there, refined by its own cycles (1 for ar, or before any cycle)."""
+        own = self.structures.get(s)
         boundary = self.boundaries.get(BOUNDARY.get(s.mode, ""))
         if boundary is None:
-            return time
+            return 1.0
         n = boundary.cycles  # drawn toward 1 while the boundary's cycles are few, as the time
         pooled = 1.0 + (clip(boundary.expected / boundary.tokens) - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
         if own is not None and own.last_expected > 0:
             prior = YIELD_PRIOR_CYCLES * own.last_expected  # tokens at the boundary's ratio
             pooled = clip((own.expected + prior) / (own.tokens + prior / pooled))
-        return clip(time * pooled)
+        return pooled
