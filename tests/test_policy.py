@@ -10,7 +10,7 @@ from engine.decoding import measurements
 from engine.model import draft_vocab
 from engine.decoding.measurements import PRIOR_SLOPE, STALE, StepCosts
 from engine.decoding.realized import CycleSums
-from engine.decoding.policy import (AR_RETIME, EXPLORE_CYCLES, GROW, OUTLIER, REFRESH_CYCLES, SURPRISE, SWITCH_GAIN,
+from engine.decoding.policy import (AR_RETIME, EXPLORE_CYCLES, EXPLORE_MARGIN, GROW, OUTLIER, REFRESH_CYCLES, SURPRISE, SWITCH_GAIN,
                                      Policy, Structure, expected_tokens)
 from engine.decoding.drafters import NgramDrafter, common_prefix
 from engine.decoding.session import ChatSession
@@ -678,6 +678,35 @@ def test_an_interrupted_exploration_is_not_resumed_in_a_later_turn():
     p.new_turn()
     for _ in range(8):
         assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is not Mode.TRIFORCE
+
+
+def test_an_exploration_runs_its_cycles_when_only_its_yield_was_unlucky():
+    """At qa 1K auto explored retrieval-only and triforce for one cycle each at the session's first
+    answer (2 and 1 tokens of 7), the boundary read 2.57 in yield on top of acceptance 0.673, both
+    explorations closed, and no L1 structure ran again. An exploration under way now runs its
+    EXPLORE_CYCLES cycles in the turn unless its time, yield aside, puts it out of the margin
+    (the cost case: test_an_interrupted_exploration_is_not_resumed_in_a_later_turn)."""
+    p = Policy()
+    for n in range(1, 14):
+        p.costs.record("l2", n, 0.100 + 0.015 * (n - 1))
+        p.costs.record("l1", n, 0.6 * (0.100 + 0.015 * (n - 1)))
+    for _ in range(200):
+        p.observe("l0_l2", 4, 0)  # no n-gram draft holds
+    for m in (Mode.AR, Mode.DRAFT_ONLY, Mode.TRIFORCE):
+        p.tried[m] = EXPLORE_CYCLES
+    runs = []
+    for i in range(EXPLORE_CYCLES):
+        s = p.choose(AUTO, has_l0=True, context_tokens=8000)
+        runs.append(s.mode)
+        if i == 0:  # the unlucky first cycle: its first draft token rejected
+            p.observe("l1_l2", s.gamma2, 0)
+            p.realized(s, p.cycle_cost(s)[0], 1)
+            assert p.seconds_per_token(s) > EXPLORE_MARGIN * p.seconds_per_token(Structure(Mode.AR))
+        else:
+            p.observe("l1_l2", s.gamma2, s.gamma2)
+            p.realized(s, p.cycle_cost(s)[0], s.gamma2 + 1)
+    assert runs == [Mode.RETRIEVAL_ONLY] * EXPLORE_CYCLES
+    assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is Mode.RETRIEVAL_ONLY  # measured: it wins
 
 
 def test_a_turn_starts_with_l1_selected_when_auto_would_run_it_if_free():

@@ -8,7 +8,8 @@ per-boundary acceptance forgotten over ~50 cycles. A structure is scored as E(a,
 vocabulary subset (each joins it) and is scaled by the share of new tokens instead (Novelty).
 
 Exploration is bounded: a structure not yet measured is tried for EXPLORE_CYCLES verification
-cycles, once per session, and only while its optimistic score is within EXPLORE_MARGIN of the best.
+cycles, once per session, and only while its optimistic score is within EXPLORE_MARGIN of the best
+(one under way in this turn: while its score with its cycles' time but not their yield is).
 The choice is re-scored at each turn, every RESCORE_EVERY cycles and whenever an acceptance estimate
 moves by SHIFT, and changes only between cycles; a switch needs a SWITCH_GAIN advantage, and leaving
 ar a SPECULATION_GAIN one (MEASURED_GAIN once the structure's own cycles have corrected its
@@ -106,6 +107,7 @@ class Policy(RetrievalChoices):
     _budget_moved: int = 0  # +1 / -1 once choose_budget grew / shrank the budget
     _ar_ratio: float | None = None  # ar cycles' wall time / modelled time, noise-robust
     _since_ar: int = 0  # cycles since ar last ran
+    _exploring: Mode | None = None  # the mode whose exploration is under way this turn
     _incumbent: Structure | None = None  # what a probe cycle interrupted (None: the current structure)
     lookups: LookupLog = field(default_factory=LookupLog)  # n-gram lookups at every position, for the replay
     novelty: Novelty = field(default_factory=Novelty)  # the share of new tokens L1's vocabulary lacked
@@ -122,6 +124,7 @@ class Policy(RetrievalChoices):
         """A new prompt: score afresh at the next cycle (an L1 structure must first build its cache)."""
         self._settled = False
         self._l1_live = False
+        self._exploring = None  # an exploration is one run of cycles within a turn
 
     def observe(self, boundary: str, proposed: int, accepted: int) -> None:
         self.acceptance[boundary].add(proposed, accepted)
@@ -160,9 +163,14 @@ class Policy(RetrievalChoices):
         self.candidates = tuple(CandidateCost(s.label, ms * 1000.0, self._explored(s.mode)) for ms, s in scored)
         best_ms, best = min(scored, key=lambda x: x[0])
         self._settled = False
-        for ms, s in scored:  # bounded exploration of structures never measured
-            if self.tried.get(s.mode, 0) < EXPLORE_CYCLES and not self._explored(s.mode) and ms <= EXPLORE_MARGIN * best_ms:
+        # bounded exploration of structures never measured, the one under way this turn first: it
+        # runs its EXPLORE_CYCLES cycles unless its time (not its yield) puts it out of the margin
+        for ms, s in sorted(scored, key=lambda x: x[1].mode is not self._exploring):
+            if self.tried.get(s.mode, 0) < EXPLORE_CYCLES and not self._explored(s.mode) and (
+                    ms <= EXPLORE_MARGIN * best_ms
+                    or s.mode is self._exploring and self._unyielded(s) <= EXPLORE_MARGIN * best_ms):
                 self._close_explorations(but=s.mode)
+                self._exploring = s.mode
                 return self._ran(self._explored_at(s, settings, remaining))
         self._close_explorations()
         self._settled = True
@@ -229,6 +237,17 @@ class Policy(RetrievalChoices):
         for mode, cycles in self.tried.items():
             if mode is not but and 0 < cycles < EXPLORE_CYCLES:
                 self.tried[mode] = EXPLORE_CYCLES
+        self._exploring = but
+
+    def _unyielded(self, s: Structure) -> float:
+        """`s`'s predicted seconds per token with its cycles' time taken in but not their yield. An
+        exploration's first cycles come at an answer's start, where L1's cache and vocabulary are
+        not yet fitted to it, and their rejections already weigh in the acceptance: at qa 1K one
+        cycle each of retrieval-only and triforce (2 and 1 tokens of 7) read 2.57 in yield on top
+        of acceptance 0.673, both explorations closed after that one cycle, and no L1 structure ran
+        again in the session (fixed retrieval-only: 5-7 tokens a cycle, 0.71x ar)."""
+        seconds, tokens = self.cycle_cost(s)
+        return seconds * self.ratios.time_ratio(s) / tokens
 
     def _probe(self, chosen: Structure) -> Structure:
         """Run `chosen` for one cycle, to measure it; the next choice weighs what it interrupted."""

@@ -106,11 +106,16 @@ class Realized:
 
     def ratio(self, s: Structure) -> float:
         """Predicted wall time per token of `s` over the model's: time ratio x yield ratio."""
+        return clip(self.time_ratio(s) * self.yield_ratio(s))
+
+    def time_ratio(self, s: Structure) -> float:
+        """`s`'s cycles' wall time over their modelled forwards: its own, weighed against one cycle
+        at its mode's ratio."""
         own = self.structures.get(s)
         time = self.mode_time(s.mode)
-        if own is not None:  # its own cycles, weighed against one cycle at the mode's ratio
+        if own is not None:
             time = (own.cycles * own.time + time) / (own.cycles + 1)
-        return clip(time * self.yield_ratio(s))
+        return time
 
     def yield_ratio(self, s: Structure) -> float:
         """The tokens E(a, g) promises over those `s`'s cycles yield: its boundary's, pooled over
