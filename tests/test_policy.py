@@ -717,7 +717,7 @@ def test_a_turn_starts_with_l1_selected_when_auto_would_run_it_if_free():
     p = _measured_policy(l0_l2=0.05, l1_l2=0.9, l0_l1=0.05, l1_share=0.3)
     p.l1_setup(6.4)  # dear enough that, charged, ar stays
     p.new_turn()
-    p.ratios.modes[Mode.RETRIEVAL_ONLY] = CycleSums(wall=1.0, model=1.0, time=1.0)  # measured in an earlier turn
+    p.ratios.modes[Mode.RETRIEVAL_ONLY] = CycleSums(time=1.0)  # measured in an earlier turn
     assert p.l1_ahead(AUTO, has_l0=True, context_tokens=8000)
     assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is Mode.AR  # the build charged
     p.new_turn()

@@ -79,7 +79,7 @@ for r in range(reps):
                                          for c in cycles))
             print("    weighed:", " | ".join(f"{c.structure} {c.ms_per_token:.1f}{'' if c.measured else '?'}" for c in dec.policy.candidates))
             p = dec.policy
-            print("    acc:", {b: round(a.rate, 3) for b, a in p.acceptance.items()}, "tried", {m.value: n for m, n in p.tried.items()}, "budget", dec.budget(), "ar_ratio", p._ar_ratio and round(p._ar_ratio, 2), "time", {m.value: round(c.wall / max(c.model, 1e-9), 2) for m, c in p.ratios.modes.items()}, "yield", {b: round(c.expected / max(c.tokens, 1e-9), 2) for b, c in p.ratios.boundaries.items()})
+            print("    acc:", {b: round(a.rate, 3) for b, a in p.acceptance.items()}, "tried", {m.value: n for m, n in p.tried.items()}, "budget", dec.budget(), "ar_ratio", p._ar_ratio and round(p._ar_ratio, 2), "time", {m.value: round(c.time, 2) for m, c in p.ratios.modes.items()}, "yield", {b: round(c.expected / max(c.tokens, 1e-9), 2) for b, c in p.ratios.boundaries.items()})
             print("    checked per cycle:", " ".join(str(c[5]) for c in cycles))
         elif cycles:
             print("    sequence:", " ".join(f"{c[1]:.0f}/{c[2]}" for c in cycles))

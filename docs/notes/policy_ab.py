@@ -32,6 +32,7 @@ import collections
 import os
 import statistics
 import sys
+from dataclasses import dataclass, field
 
 import torch
 
@@ -191,22 +192,30 @@ class ReopenPolicy(P.Policy):
         pass
 
 
+@dataclass
 class MeanRealized(Realized):
     """Before the twenty-seventh pass: a mode's and a structure's time ratio as decayed means of
     wall over modelled seconds (noise averaged in), where ar's was filtered (realized.settle)."""
 
+    means: dict = field(default_factory=dict)  # mode or structure -> [wall, model, last cycle's model]
+
+    def add(self, s, wall, model, expected, tokens):
+        for key in (s.mode, s):
+            sums = self.means.setdefault(key, [0.0, 0.0, 0.0])
+            sums[:] = [M.FORGET * sums[0] + wall, M.FORGET * sums[1] + model, model]
+        super().add(s, wall, model, expected, tokens)
+
     def mode_time(self, mode):
-        sums = self.modes.get(mode)
-        if sums is None:
-            return min((clip(m.wall / m.model) for m in self.modes.values()), default=1.0)
-        n = sums.cycles
-        return 1.0 + (clip(sums.wall / sums.model) - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
+        if mode not in self.modes:
+            return min((clip(w / m) for key, (w, m, _) in self.means.items() if key in self.modes), default=1.0)
+        (wall, model, _), n = self.means[mode], self.modes[mode].cycles
+        return 1.0 + (clip(wall / model) - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
 
     def ratio(self, s):
-        own = self.structures.get(s)
         time = self.mode_time(s.mode)
-        if own is not None:  # the mean over its own cycles, weighed against one cycle at the mode's ratio
-            time = clip((own.wall + time * own.last_model) / (own.model + own.last_model))
+        if s in self.means:  # the mean over its own cycles, weighed against one cycle at the mode's ratio
+            wall, model, last = self.means[s]
+            time = clip((wall + time * last) / (model + last))
         return clip(time * self.yield_ratio(s))
 
 

@@ -39,8 +39,8 @@ slower in the same spell. Kept from a turn's first cycles, a slow spell inflated
 32.9.) While a speculative structure runs, one ar cycle every AR_RETIME cycles keeps that ratio
 current. The speculative structures' time is filtered the same way (one estimator for every mode,
 so that noise does not favour the one read near its quiet cost); their yield varies with
-acceptance, which must be averaged, not filtered, and is kept as decayed sums. A probe cycle (ar re-timed, the runner-up refreshed)
-does not become the incumbent: the next choice weighs the structure it interrupted (the runner-up,
+acceptance, which must be averaged, not filtered, and is kept as decayed sums. A probe cycle (ar
+re-timed, the runner-up refreshed) does not become the incumbent: the next choice weighs the structure it interrupted (the runner-up,
 once run, had kept itself by SWITCH_GAIN for four cycles at 1.5x ar's cost).
 """
 from __future__ import annotations
@@ -169,8 +169,7 @@ class Policy(RetrievalChoices):
             if self.tried.get(s.mode, 0) < EXPLORE_CYCLES and not self._explored(s.mode) and (
                     ms <= EXPLORE_MARGIN * best_ms
                     or s.mode is self._exploring and self._unyielded(s) <= EXPLORE_MARGIN * best_ms):
-                self._close_explorations(but=s.mode)
-                self._exploring = s.mode
+                self._close_explorations(but=s.mode)  # (s.mode: the exploration under way)
                 return self._ran(self._explored_at(s, settings, remaining))
         self._close_explorations()
         self._settled = True
@@ -237,7 +236,7 @@ class Policy(RetrievalChoices):
         for mode, cycles in self.tried.items():
             if mode is not but and 0 < cycles < EXPLORE_CYCLES:
                 self.tried[mode] = EXPLORE_CYCLES
-        self._exploring = but
+        self._exploring = but  # the one under way, if any
 
     def _unyielded(self, s: Structure) -> float:
         """`s`'s predicted seconds per token with its cycles' time taken in but not their yield. An

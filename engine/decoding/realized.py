@@ -55,24 +55,20 @@ def settle(old: float | None, ratio: float) -> float:
 
 @dataclass
 class CycleSums:
-    """Decayed sums over cycles: wall seconds, modelled seconds, promised tokens, yielded tokens;
-    and the wall/model time ratio filtered by `settle`."""
+    """Over cycles: the wall/model time ratio filtered by `settle`, and decayed sums of promised
+    and yielded tokens."""
 
-    wall: float = 0.0
-    model: float = 0.0
+    time: float | None = None
     expected: float = 0.0
     tokens: float = 0.0
     cycles: int = 0
-    last_model: float = 0.0  # the latest cycle's modelled seconds and promised tokens
-    last_expected: float = 0.0
-    time: float | None = None
+    last_expected: float = 0.0  # the latest cycle's promised tokens
 
     def add(self, wall: float, model: float, expected: float, tokens: int) -> None:
         self.time = settle(self.time, wall / model)
-        self.wall, self.model = FORGET * self.wall + wall, FORGET * self.model + model
         self.expected, self.tokens = FORGET * self.expected + expected, FORGET * self.tokens + tokens
         self.cycles += 1
-        self.last_model, self.last_expected = model, expected
+        self.last_expected = expected
 
 
 @dataclass
