@@ -520,6 +520,40 @@ def test_a_long_draft_that_ran_slow_is_not_flattered_by_the_short_ones_of_its_mo
     assert 1.0 < mode_ratio < 1.5  # 30 cycles at 1.0 and 4 at 2.0, filtered as noise (a slower cycle moves the ratio a little)
 
 
+def test_a_re_time_after_a_slow_spell_on_another_structure_weighs_as_the_spell_did():
+    """qa 1K on a busy host: L1 structures ran at 40 ms/token through a slow spell and their time
+    filter took it in cycle by cycle; ar, idle since before the spell, kept its quiet price (41),
+    so auto switched to ar, and ran it for four cycles at 53-59 while its one-step filter caught up.
+    Its first cycle after the spell now moves its price as the spell's cycles would have, and auto
+    goes back. A spike at a re-time still counts as at most SLOW_CLIP x the old ratio."""
+    p = _measured_policy(l0_l2=0.0, l1_l2=0.95, l0_l1=0.0, l1_share=0.6)
+    ar, ro = Structure(Mode.AR), Structure(Mode.RETRIEVAL_ONLY, 1, 2)
+    for _ in range(3):
+        p.realized(ar, p.cycle_cost(ar)[0], 1)
+    quiet_ar = p.seconds_per_token(ar)
+    for i in range(EXPLORE_CYCLES):
+        model, expected = p.cycle_cost(ro)
+        p.realized(ro, model, _as_promised(i, expected))
+    quiet_ro = p.seconds_per_token(ro)
+    assert quiet_ro < 0.9 * quiet_ar
+    for i in range(11):  # the spell: everything 1.3x slower
+        model, expected = p.cycle_cost(ro)
+        p.realized(ro, 1.3 * model, _as_promised(i, expected))
+    spelled_ro = p.seconds_per_token(ro)
+    assert spelled_ro > 1.15 * quiet_ro  # taken in (and still 0.88x of ar, 1.3x slower too)
+    p._ran(ar)  # priced from before the spell, ar looked cheaper: one cycle of it, in the spell
+    p.realized(ar, 1.3 * p.cycle_cost(ar)[0], 1)
+    assert p.seconds_per_token(ar) > 1.12 * quiet_ar  # (one step of the filter: 1.025x)
+    assert p.seconds_per_token(ar) <= (1.0 + 0.25 * (1.0 - 0.9 ** 8)) * quiet_ar * 1.001
+    p._l1_live = True  # the cache is built: no switch cost
+    assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is Mode.RETRIEVAL_ONLY
+    for i in range(4):  # the spell is over: a quiet re-time after L1's cycles is believed at once
+        model, expected = p.cycle_cost(ro)
+        p.realized(ro, model, _as_promised(i, expected))
+    p.realized(ar, p.cycle_cost(ar)[0], 1)
+    assert p.seconds_per_token(ar) < 1.01 * quiet_ar
+
+
 def test_a_burst_of_load_moves_a_cost_estimate_little_and_a_fast_forward_a_lot():
     costs = StepCosts()
     costs.record("l2", 1, 0.040)

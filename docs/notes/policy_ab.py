@@ -16,7 +16,9 @@ before the seventeenth pass), `auto-combined` (the shipped policy with one wall/
 structure, a cycle's wall time over the predicted seconds per token times the tokens it yielded, as
 before the twenty-sixth pass; engine/decoding/realized.py keeps time and yield apart), `auto-mean`
 (the twenty-sixth pass's policy: the speculative modes' time ratios as decayed means, noise
-averaged in, and 6 cycles of a mode before the 5 % bar to leave ar),
+averaged in, and 6 cycles of a mode before the 5 % bar to leave ar), `auto-onestep` (the
+twenty-seventh pass's policy: a time ratio's filter moves one step per sample, however long its
+mode, structure or ar sat idle before it),
 `auto-s4` (ar priced from its step-cost
 table and its mode's wall/model ratio, never re-timed beside a speculative structure: the policy
 of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-min` (re-timed, priced at the lower of auto's price and auto-median3's), `auto-median3` (ar priced at the
@@ -272,6 +274,28 @@ class OldPolicy(RatioPolicy):
         return super().seconds_per_token(s, corrected)
 
 
+class OneStepRealized(Realized):
+    """Before the twenty-eighth pass: every sample one step of realized.settle."""
+
+    def add(self, s, wall, model, expected, tokens):
+        for table in (self.modes, self.structures, self.boundaries):
+            for sums in table.values():
+                sums.last_cycle = self.count  # as if every key had run the cycle before
+        super().add(s, wall, model, expected, tokens)
+
+
+class OneStepPolicy(P.Policy):
+    """The twenty-seventh pass's policy: OneStepRealized, and ar's ratio one step per re-time."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("ratios", OneStepRealized())
+        super().__init__(*args, **kwargs)
+
+    def realized(self, s, seconds, tokens, checked=0):
+        self._ar_at = self._cycles  # (realized counts this cycle first: ar's idle reads 1)
+        super().realized(s, seconds, tokens, checked)
+
+
 def main() -> None:
     contexts = [int(x) for x in sys.argv[1].split(",")]
     workloads, repeats, methods = sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4].split(",")
@@ -286,7 +310,7 @@ def main() -> None:
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + new_tokens + 64)
             policies = {"auto": P.Policy(), "auto-prev": PrevPolicy(), "auto-noreplay": P.Policy(lookups=UnreadyLog()), "auto-censored": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
                         "auto-ratio": RatioPolicy(costs=LineCosts()), "auto-reopen": ReopenPolicy(), "auto-combined": CombinedPolicy(),
-                        "auto-mean": MeanPolicy()}
+                        "auto-mean": MeanPolicy(), "auto-onestep": OneStepPolicy()}
             shadow = session.decoder._shadow_l0
             dec = session.decoder
 
@@ -298,7 +322,7 @@ def main() -> None:
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-prev", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3", "auto-reopen", "auto-combined", "auto-mean") \
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-prev", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3", "auto-reopen", "auto-combined", "auto-mean", "auto-onestep") \
                             else censored_shadow if method == "auto-censored" else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))

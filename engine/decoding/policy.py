@@ -37,7 +37,9 @@ sampling) shows in every cycle. (Priced by the median wall time of its last 3 cy
 priced it at 49 ms/token against 27 quiet at qa 2K, and auto left it for draft-only and triforce,
 slower in the same spell. Kept from a turn's first cycles, a slow spell inflated it to 62.7 against
 32.9.) While a speculative structure runs, one ar cycle every AR_RETIME cycles keeps that ratio
-current. The speculative structures' time is filtered the same way (one estimator for every mode,
+current, and moves it as the cycles since the last would have (a structure that kept running took
+a slow spell in cycle by cycle, so ar, priced from before the spell, looked cheap: realized.settle).
+The speculative structures' time is filtered the same way (one estimator for every mode,
 so that noise does not favour the one read near its quiet cost); their yield varies with
 acceptance, which must be averaged, not filtered, and is kept as decayed sums. A probe cycle (ar
 re-timed, the runner-up refreshed) does not become the incumbent: the next choice weighs the structure it interrupted (the runner-up,
@@ -106,6 +108,8 @@ class Policy(RetrievalChoices):
     _scored_rates: dict = field(default_factory=dict)  # acceptance at the last scoring
     _budget_moved: int = 0  # +1 / -1 once choose_budget grew / shrank the budget
     _ar_ratio: float | None = None  # ar cycles' wall time / modelled time, noise-robust
+    _cycles: int = 0  # cycles realized
+    _ar_at: int = 0  # _cycles when _ar_ratio last moved
     _since_ar: int = 0  # cycles since ar last ran
     _exploring: Mode | None = None  # the mode whose exploration is under way this turn
     _incumbent: Structure | None = None  # what a probe cycle interrupted (None: the current structure)
@@ -375,6 +379,7 @@ class Policy(RetrievalChoices):
         gives its forwards (drafting, rollback, retrieval rebuilds, Python), and its tokens against
         E(a, g) (acceptance that is not i.i.d.: n-gram drafts are accepted whole or not at all)."""
         self._memo.clear()
+        self._cycles += 1
         believed = self.seconds_per_token(s)
         if believed is not None and tokens >= 1 and seconds > SURPRISE * believed * tokens:
             self._settled = False  # do not wait RESCORE_EVERY cycles on a structure this far off (at
@@ -390,8 +395,10 @@ class Policy(RetrievalChoices):
             plain = self._c("l2", checked)  # one forward, as ar's cycle: its wall time re-times ar
         if plain:
             # the step-cost table took in part of a slow spell already: one slow cycle must not
-            # price ar out (23 -> 39 ms at qa 2K); the same filter as every mode's time (realized.settle)
-            self._ar_ratio = settle(self._ar_ratio, seconds / plain)
+            # price ar out (23 -> 39 ms at qa 2K); the same filter as every mode's time (realized.settle),
+            # a re-time standing for the cycles since the last
+            self._ar_ratio = settle(self._ar_ratio, seconds / plain, self._cycles - self._ar_at)
+            self._ar_at = self._cycles
         if seconds > OUTLIER * model:  # a one-off (an n-gram index built over the whole book)
             return
         self.ratios.add(s, seconds, model, expected, tokens)

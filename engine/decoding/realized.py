@@ -5,7 +5,8 @@
   misses grows with the draft lengths: triforce measured 1.2x its model at g2 = 6 and 1.45x at
   g2 = 11 at 8K, so a ratio learned at short drafts must not flatter long ones). Filtered as ar's
   ratio is (`settle`): noise on a shared machine only adds time, so a faster cycle is believed mostly
-  at once and a slower one a little. (Kept as decayed means, the speculative modes read their
+  at once and a slower one a little, a cycle after the key sat idle standing for the cycles it
+  missed (`IDLE_CAP` at most: see `settle`). (Kept as decayed means, the speculative modes read their
   average cycle, noise included, while ar read near its quiet cost: at qa 1K auto weighed
   retrieval-only at 0.957x ar where the fixed mode ran 0.86-0.90x, and stayed on ar.)
 - Yield: the tokens E(a, g) promised against the tokens the cycle yielded (acceptance that is not
@@ -33,6 +34,7 @@ OUTLIER = 3.0  # a cycle over 3x its modelled time is a one-off, not the structu
 FASTER = 0.7  # a cycle's time ratio below the filtered one moves it 70% of the way at once ...
 SLOWER = 0.1  # ... one above it 10%, counted as at most SLOW_CLIP times the filtered ratio
 SLOW_CLIP = 1.25
+IDLE_CAP = 8  # a sample after k idle cycles moves the filter as k samples would, k <= 8
 RATIO_PRIOR_CYCLES = 2  # a mode's time ratio and a boundary's yield ratio count 2 more cycles at 1.0
 YIELD_PRIOR_CYCLES = 6  # a structure's own yield counts as 6 more cycles at its boundary's ratio
 BOUNDARY = {Mode.DRAFT_ONLY: "l0_l2", Mode.RETRIEVAL_ONLY: "l1_l2", Mode.TRIFORCE: "l1_l2"}  # where L2 checks
@@ -42,15 +44,23 @@ def clip(ratio: float) -> float:
     return max(0.5, min(OUTLIER, ratio))
 
 
-def settle(old: float | None, ratio: float) -> float:
+def settle(old: float | None, ratio: float, idle: int = 1) -> float:
     """A time ratio filtered against noise that only adds time: the first is believed whole, a
-    faster one FASTER of the way, a slower one SLOWER of the way to at most SLOW_CLIP x `old`."""
+    faster one FASTER of the way, a slower one SLOWER of the way to at most SLOW_CLIP x `old`.
+
+    `idle`: the cycles since this filter last moved. A sample after k of them moves it as k samples
+    would (k <= IDLE_CAP), since it stands for what that time was like: the filter of what kept
+    running took every cycle of a slow spell in, one step each, while one idle re-time moved its own
+    a single step, and the idle one looked cheap. (qa 1K, a busy host: L1 cycles at 40 ms/token
+    beside ar's at 53-59, ar still priced at 41, and auto ran ar for four cycles.) The clip stays a
+    single sample's: one spike at a re-time counts as at most SLOW_CLIP x `old`."""
     ratio = clip(ratio)
     if old is None:
         return ratio
+    steps = max(1, min(idle, IDLE_CAP))
     if ratio < old:
-        return old + FASTER * (ratio - old)
-    return old + SLOWER * (min(ratio, SLOW_CLIP * old) - old)
+        return old + (1.0 - (1.0 - FASTER) ** steps) * (ratio - old)
+    return old + (1.0 - (1.0 - SLOWER) ** steps) * (min(ratio, SLOW_CLIP * old) - old)
 
 
 @dataclass
@@ -63,9 +73,11 @@ class CycleSums:
     tokens: float = 0.0
     cycles: int = 0
     last_expected: float = 0.0  # the latest cycle's promised tokens
+    last_cycle: int = 0  # Realized's cycle count at the latest cycle
 
-    def add(self, wall: float, model: float, expected: float, tokens: int) -> None:
-        self.time = settle(self.time, wall / model)
+    def add(self, wall: float, model: float, expected: float, tokens: int, idle: int = 1) -> None:
+        """One cycle, `idle` cycles (of any key) after this key's last one."""
+        self.time = settle(self.time, wall / model, idle)
         self.expected, self.tokens = FORGET * self.expected + expected, FORGET * self.tokens + tokens
         self.cycles += 1
         self.last_expected = expected
@@ -78,6 +90,7 @@ class Realized:
     modes: dict[Mode, CycleSums] = field(default_factory=dict)
     structures: dict[Structure, CycleSums] = field(default_factory=dict)
     boundaries: dict[str, CycleSums] = field(default_factory=dict)
+    count: int = 0  # cycles added
 
     def add(self, s: Structure, wall: float, model: float, expected: float, tokens: int) -> None:
         """A cycle of `s` took `wall` seconds where the model gave its forwards `model` seconds, and
@@ -85,8 +98,11 @@ class Realized:
         keyed = [(self.modes, s.mode), (self.structures, s)]
         if s.mode in BOUNDARY:
             keyed.append((self.boundaries, BOUNDARY[s.mode]))
+        self.count += 1
         for table, key in keyed:
-            table.setdefault(key, CycleSums()).add(wall, model, expected, tokens)
+            sums = table.setdefault(key, CycleSums())
+            sums.add(wall, model, expected, tokens, self.count - sums.last_cycle if sums.cycles else 1)
+            sums.last_cycle = self.count
 
     def cycles(self, mode: Mode) -> int:
         return self.modes[mode].cycles if mode in self.modes else 0
