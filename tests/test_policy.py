@@ -9,7 +9,7 @@ import pytest
 from engine.decoding import measurements
 from engine.model import draft_vocab
 from engine.decoding.measurements import PRIOR_SLOPE, STALE, StepCosts
-from engine.decoding.realized import CycleSums
+from engine.decoding.realized import IDLE_CAP, SLOW_CLIP, SLOWER, CycleSums
 from engine.decoding.policy import (AR_RETIME, EXPLORE_CYCLES, EXPLORE_MARGIN, GROW, OUTLIER, REFRESH_CYCLES, SURPRISE, SWITCH_GAIN,
                                      Policy, Structure, expected_tokens)
 from engine.decoding.drafters import NgramDrafter, common_prefix
@@ -544,7 +544,7 @@ def test_a_re_time_after_a_slow_spell_on_another_structure_weighs_as_the_spell_d
     p._ran(ar)  # priced from before the spell, ar looked cheaper: one cycle of it, in the spell
     p.realized(ar, 1.3 * p.cycle_cost(ar)[0], 1)
     assert p.seconds_per_token(ar) > 1.12 * quiet_ar  # (one step of the filter: 1.025x)
-    assert p.seconds_per_token(ar) <= (1.0 + 0.25 * (1.0 - 0.9 ** 8)) * quiet_ar * 1.001
+    assert p.seconds_per_token(ar) <= (1.0 + (SLOW_CLIP - 1.0) * (1.0 - (1.0 - SLOWER) ** IDLE_CAP)) * quiet_ar * 1.001
     p._l1_live = True  # the cache is built: no switch cost
     assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is Mode.RETRIEVAL_ONLY
     for i in range(4):  # the spell is over: a quiet re-time after L1's cycles is believed at once

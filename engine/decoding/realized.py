@@ -101,7 +101,7 @@ class Realized:
         self.count += 1
         for table, key in keyed:
             sums = table.setdefault(key, CycleSums())
-            sums.add(wall, model, expected, tokens, self.count - sums.last_cycle if sums.cycles else 1)
+            sums.add(wall, model, expected, tokens, self.count - sums.last_cycle)  # (a first sample is taken whole)
             sums.last_cycle = self.count
 
     def cycles(self, mode: Mode) -> int:
