@@ -72,8 +72,12 @@ def test_a_size_not_timed_for_a_while_moves_with_the_smallest_size():
     fresh.record("l2", 5, 0.053)
     fresh.record("l2", 1, 0.022)
     assert fresh.estimate("l2", 5) == pytest.approx(0.053)
-    costs.record("l2", 5, 0.030)  # timed again: its own sample counts, from where it was read
-    assert costs.estimate("l2", 5) == pytest.approx(0.5 * 0.053 * one / 0.030 + 0.5 * 0.030)
+    costs.record("l2", 5, 0.030)  # timed again, faster: believed whole (it runs seldom: a refresh probe)
+    assert costs.estimate("l2", 5) == pytest.approx(0.030)
+    fresh.record("l2", 5, 0.030)  # within STALE forwards of its last timing: half of the way
+    assert fresh.estimate("l2", 5) == pytest.approx(0.5 * 0.053 + 0.5 * 0.030)
+    costs.record("l2", 5, 0.045)  # and a slower one moves it a little, as ever
+    assert 0.030 < costs.estimate("l2", 5) < 0.032
 
 
 def test_gammas_grow_only_as_far_as_their_forwards_were_timed():
@@ -639,6 +643,24 @@ def test_a_refresh_probes_an_l1_structure_from_ar_only_where_its_cache_is_cheap_
         p._since_refresh, p._settled = REFRESH_CYCLES, False  # a refresh is due at this scoring
         probe = p.choose(AUTO, has_l0=True, context_tokens=8000)
         assert probe != ar and probe.mode.uses_l1 is l1_probed, (setup, probe)
+
+
+def test_an_l1_runner_up_is_refreshed_at_the_settings_draft_length():
+    """At qa 1K auto sat on ar for three answers weighing L1 at γ2 = 1 (its long checks and its
+    acceptance last read in a slow first answer); a refresh at γ2 = 1 re-read neither. The refresh
+    runs an L1 runner-up with a draft of the settings' γ2 tokens, as its exploration did."""
+    for remaining, draft in ((None, AUTO.gamma2), (5, 4)):  # (never past the answer's end)
+        p = _measured_policy(l0_l2=0.0, l1_l2=0.6, l0_l1=0.0, l1_share=0.5)
+        ar = Structure(Mode.AR)
+        p.realized(ar, p.seconds_per_token(ar, corrected=False), 1)
+        p.l1_setup(0.15)  # cheap to build: an L1 structure may be the probe (the test above)
+        assert p.choose(AUTO, has_l0=True, context_tokens=8000) == ar
+        by_model = min((p.seconds_per_token(Structure(Mode.RETRIEVAL_ONLY, 1, g), corrected=False), g)
+                       for g in range(1, 13))[1]
+        assert by_model < draft  # at acceptance 0.6 the model's best draft is short
+        p._since_refresh, p._settled = REFRESH_CYCLES, False  # a refresh is due at this scoring
+        probe = p.choose(AUTO, has_l0=True, context_tokens=8000, remaining=remaining)
+        assert probe.mode.uses_l1 and probe.gamma2 == draft, probe
 
 
 def test_a_cycle_far_over_its_prediction_re_scores_at_once():

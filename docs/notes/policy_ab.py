@@ -18,7 +18,9 @@ before the twenty-sixth pass; engine/decoding/realized.py keeps time and yield a
 (the twenty-sixth pass's policy: the speculative modes' time ratios as decayed means, noise
 averaged in, and 6 cycles of a mode before the 5 % bar to leave ar), `auto-onestep` (the
 twenty-seventh pass's policy: a time ratio's filter moves one step per sample, however long its
-mode, structure or ar sat idle before it),
+mode, structure or ar sat idle before it), `auto-shortrefresh` (the twenty-eighth pass's policy: an L1
+runner-up refreshed at the model's best gammas, not the settings' γ2; a faster sample of a stale
+step-cost size believed half of the way, not whole),
 `auto-s4` (ar priced from its step-cost
 table and its mode's wall/model ratio, never re-timed beside a speculative structure: the policy
 of 2026-11-30 in that respect), `auto-rt` (re-timed like auto, priced like auto-s4), `auto-min` (re-timed, priced at the lower of auto's price and auto-median3's), `auto-median3` (ar priced at the
@@ -296,6 +298,39 @@ class OneStepPolicy(P.Policy):
         super().realized(s, seconds, tokens, checked)
 
 
+class HalfCosts(P.StepCosts):
+    """The step costs before the twenty-ninth pass: a faster sample moves a size half of the way even
+    after it sat stale for STALE forwards (now: believed whole)."""
+
+    def record(self, level, tokens, seconds):
+        row = self.table[level]
+        if tokens in row and self._count[level] - self._timed[level][tokens][0] >= M.STALE:
+            now = self._now(level, tokens)  # made fresh at its current price: the blend then starts there
+            if seconds < now:
+                row[tokens] = now
+                ref = min(row)
+                self._timed[level][tokens] = (self._count[level], ref, now if ref == tokens else self._now(level, ref))
+        super().record(level, tokens, seconds)
+
+
+class ShortRefreshPolicy(P.Policy):
+    """The twenty-eighth pass's policy: an L1 runner-up refreshed at the model's best gammas (now: at
+    the settings' γ2, as explored), with HalfCosts."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("costs", HalfCosts())
+        super().__init__(*args, **kwargs)
+
+    def choose(self, settings, *args, **kwargs):
+        self._ab_settings = settings
+        return super().choose(settings, *args, **kwargs)
+
+    def _probe(self, chosen):
+        if chosen.mode.uses_l1:
+            chosen = self._best_of(chosen.mode, self._ab_settings)[1]
+        return super()._probe(chosen)
+
+
 def main() -> None:
     contexts = [int(x) for x in sys.argv[1].split(",")]
     workloads, repeats, methods = sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4].split(",")
@@ -310,7 +345,8 @@ def main() -> None:
             session = ChatSession(model, base.replace(mode="ar"), draft="ngram", capacity=len(prompt) + new_tokens + 64)
             policies = {"auto": P.Policy(), "auto-prev": PrevPolicy(), "auto-noreplay": P.Policy(lookups=UnreadyLog()), "auto-censored": P.Policy(), "auto-s4": S4Policy(), "auto-rt": RetimedTablePolicy(), "auto-min": LowerPricePolicy(), "auto-median3": Median3Policy(), "auto-old": OldPolicy(costs=LineCosts()),
                         "auto-ratio": RatioPolicy(costs=LineCosts()), "auto-reopen": ReopenPolicy(), "auto-combined": CombinedPolicy(),
-                        "auto-mean": MeanPolicy(), "auto-onestep": OneStepPolicy()}
+                        "auto-mean": MeanPolicy(), "auto-onestep": OneStepPolicy(),
+                        "auto-shortrefresh": ShortRefreshPolicy()}
             shadow = session.decoder._shadow_l0
             dec = session.decoder
 
@@ -322,7 +358,7 @@ def main() -> None:
                 for method in methods:
                     if method in policies:
                         session.decoder.policy = policies[method]
-                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-prev", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3", "auto-reopen", "auto-combined", "auto-mean", "auto-onestep") \
+                        session.decoder._shadow_l0 = shadow if method in ("auto", "auto-prev", "auto-noreplay", "auto-s4", "auto-rt", "auto-min", "auto-median3", "auto-reopen", "auto-combined", "auto-mean", "auto-onestep", "auto-shortrefresh") \
                             else censored_shadow if method == "auto-censored" else (lambda *a: None)
                     mode = "auto" if method.startswith("auto") else method
                     got, ms, _, metrics = _run_ours(session, prompt, base.replace(mode=mode))

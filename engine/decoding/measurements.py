@@ -42,16 +42,19 @@ class StepCosts:
         return row[tokens] * self._now(level, ref) / max(ref_then, 1e-9)
 
     def record(self, level: str, tokens: int, seconds: float) -> None:
-        """Noise on a shared machine only ever adds time, so a faster sample is believed at once and
-        a slower one only moves the estimate a little (a burst of load must not price a structure
-        out for good: it may not run again to correct it)."""
+        """Noise on a shared machine only ever adds time, so a faster sample is believed at once (half
+        of the way, or whole for a size not timed for STALE forwards) and a slower one only moves the
+        estimate a little (a burst of load must not price a structure out for good: it may not run
+        again to correct it)."""
         row = self.table[level]
         old = self._now(level, tokens) if tokens in row else None
+        stale = old is not None and self._count[level] - self._timed[level][tokens][0] >= STALE
         if old is None:  # a new size: capped by what the sizes timed so far predict for it (a first
             prior = self.estimate(level, tokens)  # sample taken in a spike priced draft-only out for good)
             row[tokens] = seconds if prior is None else min(seconds, SLOW_CLIP * prior)
-        elif seconds < old:
-            row[tokens] = 0.5 * old + 0.5 * seconds
+        elif seconds < old:  # believed whole where the size sat stale: it runs seldom (a long check
+            # timed in a slow first answer held 1.4x its cost at qa 8K, 273 ms against 186-200)
+            row[tokens] = seconds if stale else 0.5 * old + 0.5 * seconds
         else:  # one spike (a forward at 4.7x its cost at qa 2K) moves it by 5 % at most
             row[tokens] = old + SLOWER_WEIGHT * (min(seconds, SLOW_CLIP * old) - old)
         self._count[level] += 1

@@ -28,7 +28,12 @@ structure (drafting, rollback, rebuilds, Python), and its tokens against E(a, g)
 per structure (acceptance that is not i.i.d.). After REFRESH_CYCLES
 cycles the runner-up (within REFRESH_MARGIN; one needing an L1 cache that is not live only where
 building it costs under PROBE_SETUP_STEPS target steps, retrieval_choice.py) runs one cycle, so
-the estimates of a structure left long ago do not go stale.
+the estimates of a structure left long ago do not go stale. An L1 runner-up runs it with a draft of
+the settings' γ2 tokens, as its exploration did: the model's best gammas for it may be short only
+because its long checks were timed in a slow spell and never again (qa 8K: a 7-token check held at
+273 ms against 186-200 quiet), and a short probe would re-time neither them nor L1's acceptance on
+a long draft (qa 1K: auto weighed L1 at γ2 = 1 at 0.95x ar's price, short of the margin to leave
+ar, for three answers; 0.72x fixed retrieval-only at γ2 = 6, paired).
 
 ar is priced at its forward's quiet cost (StepCosts) times a ratio of its cycles' wall time to that
 cost which believes a faster cycle mostly at once and a slower one only a little (noise on a shared
@@ -189,9 +194,9 @@ class Policy(RetrievalChoices):
             if others:  # judged by the model alone: a mode once measured badly must get its chance
                 ms, runner_up = min(((self.seconds_per_token(s, corrected=False), s) for _, s in others),
                                     key=lambda x: x[0])
-                if ms <= REFRESH_MARGIN * best_ms:
-                    self._settled = False
-                    return self._probe(runner_up)
+                if ms <= REFRESH_MARGIN * best_ms:  # an L1 one at a long draft, as it was explored:
+                    self._settled = False  # a short one would re-time neither its long checks nor
+                    return self._probe(self._explored_at(runner_up, settings, remaining))  # L1's acceptance
         incumbent = self.running  # (_ran clears _incumbent below)
         if incumbent is not None and incumbent.mode in modes:
             now = next((ms for ms, s in scored if s.mode is incumbent.mode), None)
