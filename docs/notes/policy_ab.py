@@ -304,7 +304,7 @@ class HalfCosts(P.StepCosts):
 
     def record(self, level, tokens, seconds):
         row = self.table[level]
-        if tokens in row and self._count[level] - self._timed[level][tokens][0] >= M.STALE:
+        if tokens in row and self._stale(level, tokens):
             now = self._now(level, tokens)  # made fresh at its current price: the blend then starts there
             if seconds < now:
                 row[tokens] = now

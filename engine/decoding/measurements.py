@@ -34,10 +34,14 @@ class StepCosts:
         # then, its cost then)
         self._count = {"l0": 0, "l1": 0, "l2": 0}
 
+    def _stale(self, level: str, tokens: int) -> bool:
+        """Was timed size `tokens` left untimed for the level's last STALE forwards?"""
+        return self._count[level] - self._timed[level][tokens][0] >= STALE
+
     def _now(self, level: str, tokens: int) -> float:
         """The cost of a timed size as of now: as timed, or moved with the level's smallest size."""
-        row, (at, ref, ref_then) = self.table[level], self._timed[level][tokens]
-        if self._count[level] - at < STALE or ref == tokens or ref not in row:
+        row, (_, ref, ref_then) = self.table[level], self._timed[level][tokens]
+        if not self._stale(level, tokens) or ref == tokens or ref not in row:
             return row[tokens]
         return row[tokens] * self._now(level, ref) / max(ref_then, 1e-9)
 
@@ -48,7 +52,7 @@ class StepCosts:
         again to correct it)."""
         row = self.table[level]
         old = self._now(level, tokens) if tokens in row else None
-        stale = old is not None and self._count[level] - self._timed[level][tokens][0] >= STALE
+        stale = old is not None and self._stale(level, tokens)
         if old is None:  # a new size: capped by what the sizes timed so far predict for it (a first
             prior = self.estimate(level, tokens)  # sample taken in a spike priced draft-only out for good)
             row[tokens] = seconds if prior is None else min(seconds, SLOW_CLIP * prior)
