@@ -143,12 +143,20 @@ def bootstrap(argv: list[str]) -> None:
 # ---------------------------------------------------------------- dispatch (inside the venv)
 
 
+def test_workers(extra: list[str]) -> list[str]:
+    """pytest-xdist options: one worker per core (at most 4: each holds models in memory), tests
+    handed out as workers free up (the longest take minutes); none if the caller chose (-n, -p)."""
+    workers = min(4, os.cpu_count() or 1)
+    chosen = any(arg in ("-n", "-p") or arg.startswith(("-n", "--numprocesses", "--dist")) for arg in extra)
+    return [] if chosen or workers < 2 else ["-n", str(workers), "--dist", "worksteal"]
+
+
 def run_tests(extra: list[str]) -> int:
     """pytest over the whole suite, then the import-linter contract; fails if either fails."""
     env = dict(os.environ)
     env.setdefault("QT_QPA_PLATFORM", "offscreen")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    pytest_rc = subprocess.call([sys.executable, "-m", "pytest", *extra], cwd=ROOT, env=env)
+    pytest_rc = subprocess.call([sys.executable, "-m", "pytest", *test_workers(extra), *extra], cwd=ROOT, env=env)
     if pytest_rc == 5:
         print("test: pytest collected no tests: that counts as a failure", file=sys.stderr)
     lint_rc = subprocess.call([str(_venv_tool("lint-imports"))], cwd=ROOT, env=env)

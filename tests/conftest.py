@@ -53,12 +53,17 @@ def triforce_home(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: p
 @pytest.fixture(scope="session")
 def bundled_model():
     """The bundled SmolLM2-135M-Instruct as a `ModelFolder`, converted once into .test-cache."""
+    from filelock import FileLock
+
     from engine.store.models import resolve_model
 
     saved = os.environ.get("TRIFORCE_HOME")
     os.environ["TRIFORCE_HOME"] = str(BUNDLED_HOME)
+    BUNDLED_HOME.mkdir(parents=True, exist_ok=True)
     try:
-        return resolve_model("bundled")
+        # parallel workers (pytest-xdist) convert it once between them: the others wait here
+        with FileLock(str(TEST_CACHE / "bundled-conversion.lock")):
+            return resolve_model("bundled")
     finally:
         if saved is None:
             os.environ.pop("TRIFORCE_HOME", None)
@@ -152,13 +157,53 @@ def sample_passage(bundled_tokenizer) -> Callable[[int], str]:
     return lambda n_tokens, play="hamlet": cut(n_tokens, bundled_tokenizer, play=play)
 
 
+def xdist_workers() -> int:
+    """How many pytest-xdist workers run the suite (1: none)."""
+    return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+
+
+def bundled_threads(alone: bool = False) -> int:
+    """Threads a `bundled` test gets: every core, shared out between parallel workers so that they
+    do not oversubscribe the cores (all of them for a test marked `alone`)."""
+    return max(1, (os.cpu_count() or 1) // (1 if alone else xdist_workers()))
+
+
+@pytest.fixture(autouse=True)
+def alone_or_beside_others(request: pytest.FixtureRequest):
+    """With parallel workers, a test marked `alone` runs while no other test does (it times the GUI
+    thread, which a busy neighbour on a 2-core machine delays past its 100 ms bound): every test
+    holds a shared lock, an `alone` one an exclusive lock. A gate lock, held by whoever waits for the
+    exclusive one, keeps the other workers' next tests from starving it. POSIX only (fcntl)."""
+    if xdist_workers() < 2 or os.name != "posix":
+        yield
+        return
+    import fcntl
+
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(TEST_CACHE / "alone.gate", "a+b") as gate, open(TEST_CACHE / "alone.lock", "a+b") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+
+
 @pytest.fixture(autouse=True)
 def torch_threads(request: pytest.FixtureRequest):
     """Tiny models run far faster on one thread (thread hand-offs cost more than their matmuls);
-    tests marked `bundled` use every core like the app does."""
+    tests marked `bundled` use their share of the cores (bundled_threads) like the app does."""
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1 if request.node.get_closest_marker("bundled") else 1)
+    alone = request.node.get_closest_marker("alone") is not None
+    torch.set_num_threads(bundled_threads(alone) if request.node.get_closest_marker("bundled") else 1)
     yield
     torch.set_num_threads(before)

@@ -190,6 +190,20 @@ def test_test_command_fails_on_no_tests(monkeypatch: pytest.MonkeyPatch) -> None
     assert entry.run_tests(["-k", "x"]) == 0
 
 
+def test_test_command_runs_one_worker_per_core_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(entry.subprocess, "call", lambda cmd, **_k: calls.append(cmd) or 0)
+    monkeypatch.setattr(entry.os, "cpu_count", lambda: 2)
+    assert entry.run_tests(["-k", "x"]) == 0
+    assert calls[0][-6:] == ["-n", "2", "--dist", "worksteal", "-k", "x"]
+    monkeypatch.setattr(entry.os, "cpu_count", lambda: 64)  # at most 4: each worker holds models
+    assert entry.test_workers([])[:2] == ["-n", "4"]
+    for chosen in (["-n", "0"], ["-n0"], ["--numprocesses=3"], ["-p", "no:xdist"]):
+        assert entry.test_workers(chosen) == []
+    monkeypatch.setattr(entry.os, "cpu_count", lambda: 1)
+    assert entry.test_workers([]) == []
+
+
 def test_gui_not_built(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setitem(sys.modules, "app.main_window", None)  # import raises ModuleNotFoundError
     assert entry.run_gui() == 2

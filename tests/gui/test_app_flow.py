@@ -42,6 +42,7 @@ def _ask(qtbot, window, question: str) -> None:
     qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
 
 
+@pytest.mark.alone  # it times the GUI thread
 def test_drop_prefill_ask_stream_panels_and_reopen(qtbot, make_window, tiny_model, sample_text, tmp_path, shots,
                                                    heartbeat):
     window = make_window(tiny_model)

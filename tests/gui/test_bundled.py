@@ -14,6 +14,7 @@ from tests.gui.helpers import drop_files
 pytestmark = [pytest.mark.gui, pytest.mark.bundled]
 
 
+@pytest.mark.alone  # it times the GUI thread
 def test_cancel_prefill_then_answer_with_live_panels(qtbot, make_window, sample_text, tmp_path: Path, shots,
                                                      heartbeat):
     window = make_window("bundled")
