@@ -147,7 +147,7 @@ def test_workers(extra: list[str]) -> list[str]:
     """pytest-xdist options: one worker per core (at most 4: each holds models in memory), tests
     handed out as workers free up (the longest take minutes); none if the caller chose (-n, -p)."""
     workers = min(4, os.cpu_count() or 1)
-    chosen = any(arg in ("-n", "-p") or arg.startswith(("-n", "--numprocesses", "--dist")) for arg in extra)
+    chosen = any(arg == "-p" or arg.startswith(("-n", "--numprocesses", "--dist")) for arg in extra)
     return [] if chosen or workers < 2 else ["-n", str(workers), "--dist", "worksteal"]
 
 
