@@ -47,8 +47,9 @@ def test_bench_interleaves_methods_and_reports_spread(tiny, sample_text, monkeyp
         assert by[name]["identical_to_ar"] and by[name]["match_length"] == by[name]["new_tokens"] == 12
     assert by["auto"]["structure"] and by["auto"]["candidates"]
     assert len(report["load_average_before"]) == 3 and len(report["load_average_after"]) == 3
+    assert report["interleave"] == "step"
     table = format_report(report)
-    assert "auto ran:" in table and "llama.cpp skipped" in table and "(min-max)" in table and "paired" in table
+    assert "interleaved step by step" in table and "auto ran:" in table and "llama.cpp skipped" in table and "(min-max)" in table and "paired" in table
     assert "auto against the fastest fixed mode" in table
 
 
@@ -90,7 +91,7 @@ def test_a_repeat_the_host_stole_from_is_set_aside_and_run_again(tiny, sample_te
     monkeypatch.setenv("GOMP_SPINCOUNT", "200000")
     lines: list[str] = []
     report = run_bench(tiny, sample_text, 600, 6, ["ar", "auto"], DecodeSettings(budget=64, chunk=16), "ngram",
-                       "continue", repeats=2, log=lines.append, max_steal=10.0)
+                       "continue", repeats=2, log=lines.append, max_steal=10.0, interleave="answer")
     runs = [line.split("] ")[1].split(":")[0] for line in lines if line.startswith("  [")]
     assert runs == ["ar", "auto", "auto", "ar", "ar", "auto"]  # three repeats ran, two were kept
     assert sum("set aside" in line for line in lines) == 1
@@ -109,6 +110,77 @@ def test_set_aside_at_most_as_many_repeats_as_asked(tiny, sample_text, monkeypat
 
     monkeypatch.setattr(bench, "read_cpu_times", _StolenRuns([60] * 8))
     report = run_bench(tiny, sample_text, 600, 4, ["ar"], DecodeSettings(budget=64, chunk=16), "ngram",
-                       "continue", repeats=2, log=lambda m: None, max_steal=10.0)
+                       "continue", repeats=2, log=lambda m: None, max_steal=10.0, interleave="answer")
     assert len(report["set_aside_repeats"]) == 2 and report["steal_percent_by_repeat"] == [60.0, 60.0]
     assert len(report["results"][0]["runs_ms_per_token"]) == 2
+
+
+class _Clock:
+    """time.perf_counter for bench_steps: only the fake streams move it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _FakeSession:
+    """A session whose answer is a script: (seconds the call costs, tokens it yields) per event, a
+    prefill first; every call is logged, so the test sees who ran when."""
+
+    def __init__(self, name: str, script: list[tuple[float, tuple[int, ...]]], clock: _Clock, calls: list) -> None:
+        self.name, self.script, self.clock, self.calls = name, script, clock, calls
+
+    def stream_ids(self, prompt):
+        from engine.events import Finished, FinishReason, Level, PrefillProgress, TokenText
+
+        self.calls.append(self.name)
+        self.clock.now += 5.0  # the prefill: never decode time
+        yield PrefillProgress(len(prompt), len(prompt), 0, 5.0)
+        for i, (seconds, ids) in enumerate(self.script):
+            if i:
+                self.calls.append(self.name)
+            self.clock.now += seconds
+            yield TokenText("x", ids, Level.L2)
+        self.calls.append(self.name)
+        yield Finished(FinishReason.LENGTH, "x")
+
+
+def test_side_by_side_asks_each_method_in_turn_and_times_only_its_own_calls(monkeypatch):
+    """Step interleaving: a round asks every method for its next token, in the order given, until
+    all have finished; a method's time is its own calls' after its first token, so the seconds the
+    others spend between its calls never count, and a cycle's later tokens cost nothing."""
+    import engine.tools.bench_steps as steps
+
+    clock, calls = _Clock(), []
+    monkeypatch.setattr(steps.time, "perf_counter", clock.perf_counter)
+    # "ar": one forward (0.02 s) per token; "spec": a 0.05 s cycle that yields three tokens, one a call
+    ar = _FakeSession("ar", [(0.5, (1,))] + [(0.02, (t,)) for t in (2, 3, 4, 5, 6, 7)], clock, calls)
+    spec = _FakeSession("spec", [(0.5, (1,)), (0.05, (2,)), (0.0, (3,)), (0.0, (4,)), (0.05, (5,)), (0.0, (6,)),
+                                 (0.0, (7,))], clock, calls)
+    runs = steps.run_side_by_side({"ar": ar, "spec": spec}, ["spec", "ar"], [9, 9, 9])
+    assert calls[:6] == ["spec", "ar"] * 3 and len(calls) == 2 * 8  # in turn, spec first each round
+    assert runs["ar"].tokens == runs["spec"].tokens == [1, 2, 3, 4, 5, 6, 7]
+    assert runs["ar"].timed_tokens == runs["spec"].timed_tokens == 6  # the first token is not timed
+    assert runs["ar"].decode_s == pytest.approx(6 * 0.02)  # the prefill and first token (5.5 s) left out
+    assert runs["spec"].decode_s == pytest.approx(2 * 0.05)
+    assert runs["ar"].ms_per_token == pytest.approx(20.0) and runs["spec"].ms_per_token == pytest.approx(100 / 6)
+
+
+def test_sessions_on_one_prefill_compute_the_prompt_once_and_answer_alike(tiny, sample_text):
+    """Each method gets its own session; only the first computes the prompt, the others copy its K/V
+    and recompute just the last prefill chunk (the logits that start the answer)."""
+    from engine.tools.bench import build_prompt
+    from engine.tools.bench_steps import run_side_by_side, sessions_on_one_prefill
+
+    prompt = build_prompt(tiny, sample_text, 600, "continue")
+    settings = DecodeSettings(budget=64, chunk=16, max_new_tokens=10, ignore_eos=True, stop=())
+    sessions = sessions_on_one_prefill(tiny, ["ar", "triforce", "auto"], prompt, settings, "ngram", 700)
+    assert sessions["ar"].prefilled_tokens_total == len(prompt)
+    assert sessions["triforce"].prefilled_tokens_total == sessions["auto"].prefilled_tokens_total == 0
+    assert sessions["triforce"].held == sessions["auto"].held == prompt
+    runs = run_side_by_side(sessions, ["auto", "triforce", "ar"], prompt)
+    assert runs["auto"].tokens == runs["triforce"].tokens == runs["ar"].tokens and len(runs["ar"].tokens) == 10
+    assert 0 < sessions["triforce"].prefilled_tokens_total < len(prompt)  # the last chunk only
+    assert runs["triforce"].metrics.mode == "triforce" and runs["auto"].metrics.mode == "auto"

@@ -30,6 +30,10 @@ def register(subparsers) -> None:
     parser.add_argument("--max-steal", type=float, default=None, metavar="PERCENT",
                         help="set aside and re-run a repeat during which the host (hypervisor) stole more than "
                              "PERCENT of the CPU, at most --repeats extra times (Linux guests; default: keep all)")
+    parser.add_argument("--interleave", default="step", choices=("step", "answer"),
+                        help="step (default): our methods answer side by side, each in its own session, asked for "
+                             "tokens in turn, so a slow spell of the host hits them alike; answer: one answer after "
+                             "another in one session (the benches before 2026-12-05)")
     parser.add_argument("--json", metavar="OUT", default=None)
     add_decode_arguments(parser)
     parser.set_defaults(func=run)
@@ -92,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
                                           f"{model.max_context}-token context: use a shorter context")
             settings = build_settings(argparse.Namespace(**{**vars(args), "max_new_tokens": args.new_tokens}), context)
             report = run_bench(model, text, context, args.new_tokens, methods, settings, draft, workload,
-                               args.repeats, log=log, peers=peers, max_steal=args.max_steal)
+                               args.repeats, log=log, peers=peers, max_steal=args.max_steal,
+                               interleave=args.interleave)
             report["date"] = time.strftime("%Y-%m-%d")
             print(format_report(report), flush=True)
             reports.append(report)

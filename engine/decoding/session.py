@@ -353,6 +353,13 @@ class ChatSession:
             self.full.load_prefix(layer, tensors[f"k.{layer}"][:, :n], tensors[f"v.{layer}"][:, :n])
         self.full.length = n
 
+    def copy_held_from(self, other: "ChatSession") -> None:
+        """Hold what `other` holds, its K/V copied (the bench runs each mode in its own session on one prefill)."""
+        n = other.full.length
+        self._make_room(n)
+        self._load_held_kv(other._held_kv_on_cpu(n), n)
+        self.held = list(other.held[:n])
+
     # --- snapshots (prefilled books) -----------------------------------------------------------
     def _snapshot_key(self) -> str:
         folder = self.target.folder

@@ -2,16 +2,20 @@
 
 Workloads (DESIGN.md / the paper): `continue` continues a passage of the sample text from N tokens
 of context (the PG-19 setting); `qa` asks a question about the same passage through the chat
-template. Time per token excludes prefill and the first token, for every method alike. Each repeat
-runs every method once (A B C, B C A, C A B, ...: our methods rotated by one each repeat, the peers
-after them), so a busy spell on a shared machine hits every method alike and no method always holds
-the same place; the table gives each method's median with its min and max, and the load
-average before and after. The prompt is prefilled once per method family (our session, transformers'
-cache, llama.cpp's context) and reused by every run.
+template. Time per token excludes prefill and the first token, for every method alike.
+
+Each repeat runs every method once. By default (`interleave="step"`, engine/tools/bench_steps.py)
+our methods answer side by side, each in its own session on one shared prefill, asked for tokens
+in turn: a slow spell of the host lands on all of them alike, even one that lasts a single answer.
+With `interleave="answer"` they answer one after another in one session (A B C, B C A, C A B, ...:
+rotated by one each repeat, so no method always holds the same place). The peers (transformers,
+llama.cpp) run after ours, an answer each, their prompt prefilled once per cell and reused. The
+table gives each method's median with its min and max, and the load average before and after.
 
 Ratios are also given paired: per repeat, one method's time against another's from the same repeat
-(run seconds apart, so under the same load), then the median over repeats. A slow spell that hits
-one repeat moves both sides of its ratio, where it moves only one side of a ratio of medians.
+(run side by side or seconds apart, so under the same load), then the median over repeats. A slow
+spell that hits one repeat moves both sides of its ratio, where it moves only one side of a ratio
+of medians.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from engine.events import ChatMessage, DocumentText, Finished, TokenText
 from engine.model.loading import LoadedModel
 from engine.decoding.session import ChatSession
 from engine.settings import MODES, DecodeSettings
+from engine.tools.bench_steps import run_side_by_side, sessions_on_one_prefill
 from engine.tools.host_load import read_cpu_times, steal_percent
 
 OUR_METHODS = MODES  # auto, ar, draft-only, retrieval-only, triforce
@@ -70,7 +75,7 @@ def build_prompt(model: LoadedModel, text: str, context: int, workload: str) -> 
 
 
 def _run_ours(session: ChatSession, prompt: list[int], settings: DecodeSettings):
-    """One answer with `settings`; returns (tokens, ms/token, acceptance, metrics)."""
+    """One answer with `settings`; returns (tokens, ms/token, metrics)."""
     session.update_settings(settings)
     tokens: list[int] = []
     final = None
@@ -81,8 +86,16 @@ def _run_ours(session: ChatSession, prompt: list[int], settings: DecodeSettings)
             final = event
     m = final.metrics
     ms = 1000.0 / m.decode_tokens_per_s if m.decode_tokens_per_s else float("nan")
-    acceptance = {lv.name: lv.rate for lv in m.levels}
-    return tokens, ms, acceptance, m
+    return tokens, ms, m
+
+
+def _note_ours(extra: dict, method: str, m) -> str | None:
+    """Keep a run's acceptance (and auto's candidates); returns auto's structure note, else None."""
+    extra[method]["acceptance"] = {lv.name: lv.rate for lv in m.levels}
+    if method != "auto":
+        return None
+    extra[method]["candidates"] = [[c.structure, round(c.ms_per_token, 1)] for c in m.candidates]
+    return m.structure + (f" ({m.structure_switches} switches)" if m.structure_switches else "")
 
 
 def paired_speedup(reference_ms: list[float], method_ms: list[float]) -> float | None:
@@ -155,10 +168,12 @@ class Peers:
 
 def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, methods: list[str],
               base: DecodeSettings, draft, workload: str = "continue", repeats: int = 2,
-              log=print, peers: Peers | None = None, max_steal: float | None = None) -> dict:
+              log=print, peers: Peers | None = None, max_steal: float | None = None,
+              interleave: str = "step") -> dict:
     """Run every method once per repeat, interleaved; returns the JSON-ready report. Our methods run
     in an order rotated by one each repeat (ar, auto, triforce; auto, triforce, ar; ...), so no method
-    always runs first after the peers or right after another; the peers follow them. A repeat's host
+    always goes first; `interleave="step"`: side by side, each asked for a token in that order every
+    round (bench_steps.py); "answer": one answer after another in one session. The peers follow. A repeat's host
     steal (engine/tools/host_load.py) is the highest share of the CPU the host took during one of its
     runs. `max_steal`: a repeat over this share (per cent) is set aside, every method's run of it
     alike, and run again, at most `repeats` extra times; the report keeps the set-aside times."""
@@ -166,8 +181,9 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
     peers = peers or Peers(model, log=log)
     settings = base.replace(max_new_tokens=new_tokens)
     settings = settings.replace(stop=(), ignore_eos=True)  # same token count as transformers' generate
-    session = ChatSession(model, settings.replace(mode="ar"), draft=draft,
-                          capacity=min(model.max_context, len(prompt) + new_tokens + 64))
+    capacity = min(model.max_context, len(prompt) + new_tokens + 64)
+    if interleave not in ("step", "answer"):
+        raise ValueError(f"interleave {interleave!r}: 'step' or 'answer'")
     load_before, cell_start = os.getloadavg(), read_cpu_times()
     log(f"prefill {len(prompt)} tokens")
     ordered = ["ar"] + [m for m in methods if m != "ar"]
@@ -178,31 +194,43 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
     set_aside: list[dict] = []
     ours = [m for m in ordered if m in OUR_METHODS]
     attempts = 0
+    session = sessions = None
+    if interleave == "step" and ours:  # a session per method: each keeps its own caches and learned costs
+        sessions = sessions_on_one_prefill(model, ours, prompt, settings, draft, capacity)
+    else:  # one session: each answer reuses the prefill the one before left
+        session = ChatSession(model, settings.replace(mode="ar"), draft=draft, capacity=capacity)
     while len(steal_kept) < repeats:
         times, structures, steal = {}, None, None
         turn = attempts % len(ours) if ours else 0
         attempts += 1
-        for method in ours[turn:] + ours[:turn] + [m for m in ordered if m not in OUR_METHODS]:
+        rotated = ours[turn:] + ours[:turn]
+        batches = ([rotated] if sessions is not None and ours else [[m] for m in rotated]) + [
+            [m] for m in ordered if m not in OUR_METHODS]
+        for batch in batches:
             start = read_cpu_times()
-            if method in OUR_METHODS:
-                got, ms, acceptance, m = _run_ours(session, prompt, settings.replace(mode=method))
-                extra[method]["acceptance"] = acceptance
-                if method == "auto":
-                    structures = m.structure + (f" ({m.structure_switches} switches)" if m.structure_switches else "")
-                    extra[method]["candidates"] = [[c.structure, round(c.ms_per_token, 1)] for c in m.candidates]
-            elif method in HF_METHODS:
-                got, ms = peers.hf().run(prompt, new_tokens, method == "hf-lookup")
+            done: dict[str, tuple[list[int], float]] = {}
+            if sessions is not None and batch[0] in OUR_METHODS:
+                for method, run in run_side_by_side(sessions, batch, prompt).items():
+                    done[method] = (run.tokens, run.ms_per_token)
+                    structures = _note_ours(extra, method, run.metrics) or structures
+            elif batch[0] in OUR_METHODS:
+                got, ms, m = _run_ours(session, prompt, settings.replace(mode=batch[0]))
+                done[batch[0]] = (got, ms)
+                structures = _note_ours(extra, batch[0], m) or structures
+            elif batch[0] in HF_METHODS:
+                done[batch[0]] = peers.hf().run(prompt, new_tokens, batch[0] == "hf-lookup")
             else:
                 peer = peers.llama(len(prompt) + new_tokens + 64)
                 if peer is None:
                     continue
-                got, ms = peer.run(prompt, new_tokens)
-            times[method] = ms
-            tokens[method] = got
+                done[batch[0]] = peer.run(prompt, new_tokens)
             run_steal = steal_percent(start, read_cpu_times())  # a repeat is as stolen as its worst run:
             if run_steal is not None:  # a spell that hits one method skews that repeat's paired ratios
                 steal = run_steal if steal is None else max(steal, run_steal)
-            log(f"  [{len(steal_kept) + 1}/{repeats}] {method}: {ms:.1f} ms/token")
+            for method, (got, ms) in done.items():
+                times[method] = ms
+                tokens[method] = got
+                log(f"  [{len(steal_kept) + 1}/{repeats}] {method}: {ms:.1f} ms/token")
         if max_steal is not None and steal is not None and steal > max_steal and len(set_aside) < repeats:
             set_aside.append({"steal_percent": round(steal, 1), "ms_per_token": {k: round(v, 2) for k, v in times.items()}})
             log(f"  host steal {steal:.1f} % > {max_steal} %: this repeat is set aside and run again")
@@ -250,7 +278,9 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
         "set_aside_repeats": set_aside,
         "openmp_wait": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},  # main.py's choice
         "settings": {"budget": settings.budget, "chunk": settings.chunk, "gamma1": settings.gamma1,
-                     "gamma2": settings.gamma2, "draft": getattr(session.drafter, "name", str(draft))},
+                     "gamma2": settings.gamma2,
+                     "draft": getattr((session or next(iter(sessions.values()))).drafter, "name", str(draft))},
+        "interleave": interleave,
         "skipped": dict(peers.skipped),
         "results": [asdict(results[m]) for m in methods if m in results],
     }
@@ -273,7 +303,8 @@ def _steal_note(report: dict) -> str:
 def format_report(report: dict) -> str:
     """The report as a table: median ms/token with min-max, speedup, acceptance, exactness."""
     lines = [f"{report['model']} on {report['device']}: {report['workload']}, {report['context_tokens']} tokens of "
-             f"context, {report['new_tokens']} new tokens, {report.get('repeats', '?')} repeats interleaved, "
+             f"context, {report['new_tokens']} new tokens, {report.get('repeats', '?')} repeats interleaved "
+             f"{'step by step' if report.get('interleave', 'answer') == 'step' else 'answer by answer'}, "
              f"{report['settings']}, load average {report.get('load_average_before', ['?'])[0]} -> "
              f"{report.get('load_average_after', ['?'])[0]}{_steal_note(report)}",
              f"{'method':<15}{'ms/token':>10}{'(min-max)':>15}{'tokens/s':>10}{'vs ar':>8}{'paired':>8}{'L0->L1':>8}"

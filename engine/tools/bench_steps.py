@@ -1,0 +1,78 @@
+"""Our decoding methods timed side by side, step by step: one session per method, all on one prefill.
+
+On a shared machine the host's speed changes from one answer to the next (the same forwards ran
+1.45x slower a minute later on our Zen 1 host), so methods timed one answer after another compare
+host states as much as methods. Here every method answers at once: each has its own session (its
+own caches and, for auto, its own learned costs, as a user's chat would), and the driver asks each
+in turn for its next token. A call that needs a verification cycle computes it; the following calls
+hand out that cycle's other tokens for free. So the methods move through the answer token by token
+together and each one's compute is spread over the same seconds: a slow spell hits them all alike.
+
+A method's time is what its own calls took after its first token (the same prefill-excluded span as
+`Metrics.decode_tokens_per_s`, which cannot be used here: its wall clock also runs while the other
+methods compute).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engine.decoding.session import ChatSession
+from engine.events import Finished, Metrics, TokenText
+from engine.settings import DecodeSettings
+
+
+@dataclass
+class StepwiseRun:
+    """One method's answer, timed by its own calls."""
+
+    tokens: list[int] = field(default_factory=list)
+    decode_s: float = 0.0  # seconds inside the method's calls after its first token
+    timed_tokens: int = 0  # tokens produced within those seconds
+    metrics: Metrics | None = None
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000.0 * self.decode_s / self.timed_tokens if self.timed_tokens else float("nan")
+
+
+def sessions_on_one_prefill(model, methods: list[str], prompt: list[int], settings: DecodeSettings, draft,
+                            capacity: int) -> dict[str, ChatSession]:
+    """A session per method, each holding the prompt's K/V: prefilled once (by a one-token answer in
+    the first session) and copied to the others."""
+    sessions = {m: ChatSession(model, settings.replace(mode=m), draft=draft, capacity=capacity) for m in methods}
+    first = sessions[methods[0]]
+    first.update_settings(settings.replace(mode="ar", max_new_tokens=1))
+    for _ in first.stream_ids(prompt):
+        pass
+    first.update_settings(settings.replace(mode=methods[0]))
+    for method in methods[1:]:
+        sessions[method].copy_held_from(first)
+    return sessions
+
+
+def run_side_by_side(sessions: dict[str, ChatSession], order: list[str], prompt: list[int]) -> dict[str, StepwiseRun]:
+    """One answer to `prompt` from every session in `order`, asked for tokens in turn (round robin,
+    `order[0]` first in every round) until all have finished."""
+    streams = {m: sessions[m].stream_ids(prompt) for m in order}
+    runs = {m: StepwiseRun() for m in order}
+    started = {m: False for m in order}
+    active = list(order)
+    while active:
+        for method in list(active):
+            run = runs[method]
+            began = time.perf_counter()
+            event = next(streams[method], None)
+            spent = time.perf_counter() - began
+            if started[method]:
+                run.decode_s += spent
+            if event is None:
+                active.remove(method)
+            elif isinstance(event, TokenText):
+                run.tokens += event.token_ids
+                if started[method]:
+                    run.timed_tokens += len(event.token_ids)
+                started[method] = True  # the first token (and its prefill) is not decode time
+            elif isinstance(event, Finished):
+                run.metrics = event.metrics
+    return runs
