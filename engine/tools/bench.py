@@ -75,7 +75,7 @@ def build_prompt(model: LoadedModel, text: str, context: int, workload: str) -> 
 
 
 def _run_ours(session: ChatSession, prompt: list[int], settings: DecodeSettings):
-    """One answer with `settings`; returns (tokens, ms/token, metrics)."""
+    """One answer with `settings`; returns (tokens, ms/token, acceptance, metrics)."""
     session.update_settings(settings)
     tokens: list[int] = []
     final = None
@@ -86,12 +86,16 @@ def _run_ours(session: ChatSession, prompt: list[int], settings: DecodeSettings)
             final = event
     m = final.metrics
     ms = 1000.0 / m.decode_tokens_per_s if m.decode_tokens_per_s else float("nan")
-    return tokens, ms, m
+    return tokens, ms, _acceptance(m), m
+
+
+def _acceptance(m) -> dict:
+    return {lv.name: lv.rate for lv in m.levels}
 
 
 def _note_ours(extra: dict, method: str, m) -> str | None:
     """Keep a run's acceptance (and auto's candidates); returns auto's structure note, else None."""
-    extra[method]["acceptance"] = {lv.name: lv.rate for lv in m.levels}
+    extra[method]["acceptance"] = _acceptance(m)
     if method != "auto":
         return None
     extra[method]["candidates"] = [[c.structure, round(c.ms_per_token, 1)] for c in m.candidates]
@@ -204,7 +208,7 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
         turn = attempts % len(ours) if ours else 0
         attempts += 1
         rotated = ours[turn:] + ours[:turn]
-        batches = ([rotated] if sessions is not None and ours else [[m] for m in rotated]) + [
+        batches = ([rotated] if sessions is not None else [[m] for m in rotated]) + [
             [m] for m in ordered if m not in OUR_METHODS]
         for batch in batches:
             start = read_cpu_times()
@@ -214,7 +218,7 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
                     done[method] = (run.tokens, run.ms_per_token)
                     structures = _note_ours(extra, method, run.metrics) or structures
             elif batch[0] in OUR_METHODS:
-                got, ms, m = _run_ours(session, prompt, settings.replace(mode=batch[0]))
+                got, ms, _, m = _run_ours(session, prompt, settings.replace(mode=batch[0]))
                 done[batch[0]] = (got, ms)
                 structures = _note_ours(extra, batch[0], m) or structures
             elif batch[0] in HF_METHODS:
@@ -243,6 +247,7 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
         if structures is not None:
             extra["auto"]["structures"].append(structures)
     load_after, cell_steal = os.getloadavg(), steal_percent(cell_start, read_cpu_times())
+    any_session = session if session is not None else next(iter(sessions.values()))
     reference = tokens["ar"]
     results: dict[str, MethodResult] = {}
     for method in ordered:
@@ -279,7 +284,7 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
         "openmp_wait": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},  # main.py's choice
         "settings": {"budget": settings.budget, "chunk": settings.chunk, "gamma1": settings.gamma1,
                      "gamma2": settings.gamma2,
-                     "draft": getattr((session or next(iter(sessions.values()))).drafter, "name", str(draft))},
+                     "draft": getattr(any_session.drafter, "name", str(draft))},
         "interleave": interleave,
         "skipped": dict(peers.skipped),
         "results": [asdict(results[m]) for m in methods if m in results],

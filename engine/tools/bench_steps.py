@@ -56,23 +56,22 @@ def run_side_by_side(sessions: dict[str, ChatSession], order: list[str], prompt:
     `order[0]` first in every round) until all have finished."""
     streams = {m: sessions[m].stream_ids(prompt) for m in order}
     runs = {m: StepwiseRun() for m in order}
-    started = {m: False for m in order}
     active = list(order)
     while active:
         for method in list(active):
             run = runs[method]
+            timed = bool(run.tokens)  # from the first token on: the prefill and that token are not decode time
             began = time.perf_counter()
             event = next(streams[method], None)
             spent = time.perf_counter() - began
-            if started[method]:
+            if timed:
                 run.decode_s += spent
             if event is None:
                 active.remove(method)
             elif isinstance(event, TokenText):
                 run.tokens += event.token_ids
-                if started[method]:
+                if timed:
                     run.timed_tokens += len(event.token_ids)
-                started[method] = True  # the first token (and its prefill) is not decode time
             elif isinstance(event, Finished):
                 run.metrics = event.metrics
     return runs
