@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 from engine.decoding.lookup_replay import LOOKUP_TOKENS, LookupLog
 from engine.decoding.measurements import Acceptance, Novelty, StepCosts
+from engine.decoding.policy_inputs import CostInputs
 from engine.decoding.realized import OUTLIER, Realized, settle
 from engine.decoding.retrieval_choice import RetrievalChoices
 from engine.decoding.structure import Structure
@@ -81,7 +82,6 @@ REALIZED_CYCLES = 3
 MAX_GAMMA1 = 8
 MAX_GAMMA2 = 12  # gamma1 + gamma2 + 2 stays inside the retrieval cache's minimum headroom (128 / 2)
 GROW = 2  # a forward may check at most 2 tokens more than the largest one timed at its level
-PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cycle ...
 REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
@@ -94,7 +94,7 @@ REPLAY_GAIN = 0.97
 
 
 @dataclass
-class Policy(RetrievalChoices):
+class Policy(RetrievalChoices, CostInputs):
     """Chooses the structure for the next verification cycle from `StepCosts` and `Acceptance`."""
 
     costs: StepCosts = field(default_factory=StepCosts)
@@ -290,52 +290,7 @@ class Policy(RetrievalChoices):
         return (self.costs.measured("l1") and acc["l1_l2"].known and acc["l0_l1"].known) or \
             self.tried.get(mode, 0) >= EXPLORE_CYCLES
 
-    # --- the cost model ------------------------------------------------------------------------
-    def _c(self, level: str, tokens: int) -> float | None:
-        key = (level, tokens)
-        if key not in self._memo:  # one choice scores ~130 structures over the same few inputs
-            self._memo[key] = self._c_fresh(level, tokens)
-        return self._memo[key]
-
-    def _c_fresh(self, level: str, tokens: int) -> float | None:
-        got = self.costs.estimate(level, tokens)
-        if got is None and level == "l1":
-            l2 = self.costs.estimate("l2", tokens)
-            return None if l2 is None else PRIOR_L1_SHARE * l2
-        if got is None and level == "l0":
-            return 0.0  # a drafter never timed costs nothing visible yet (n-gram lookups)
-        return got
-
-    def _rate(self, boundary: str) -> float:
-        if boundary not in self._memo:
-            self._memo[boundary] = self._rate_fresh(boundary)
-        return self._memo[boundary]
-
-    def _rate_fresh(self, boundary: str) -> float:
-        acc = self.acceptance
-        if boundary == "l0_l2" and not acc["l0_l2"].known and acc["l0_l1"].known:
-            return acc["l0_l1"].rate * acc["l1_l2"].rate  # L0 vs the target ~ L0 vs L1, then L1 vs L2
-        if boundary == "l0_l1" and not acc["l0_l1"].known and acc["l0_l2"].known:
-            return acc["l0_l2"].rate
-        new = self.novelty.rate if boundary == "l1_l2" else 0.0  # L1 misses tokens new to its vocabulary
-        return acc[boundary].rate * (1.0 - new)
-
-    def _replay(self, gamma: int) -> tuple[float, int, int] | None:
-        """draft-only's forwards replayed over the logged lookups (engine/decoding/lookup_replay.py)."""
-        key = ("replay", gamma)
-        if key not in self._memo:
-            self._memo[key] = self.lookups.replay(gamma, lambda n: self._c("l2", n))  # (callers checked c2(1))
-        return self._memo[key]
-
-    def _hit(self) -> float:
-        if "hit" not in self._memo:
-            self._memo["hit"] = self._hit_fresh()
-        return self._memo["hit"]
-
-    def _hit_fresh(self) -> float:
-        acc = self.acceptance
-        return acc["l0_l1"].hit if acc["l0_l1"].proposals >= acc["l0_l2"].proposals else acc["l0_l2"].hit
-
+    # --- the cost model (its inputs, memoized per choice: policy_inputs.py) --------------------
     def seconds_per_token(self, s: Structure, corrected: bool = True) -> float | None:
         """Predicted seconds per generated token of structure `s`, or None before any L2 timing:
         its cycle cost over the tokens a cycle yields, corrected by what its cycles really took."""

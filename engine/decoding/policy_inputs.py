@@ -1,0 +1,55 @@
+"""The inputs of `auto`'s cost model (engine/decoding/policy.py), memoized for one choice, which
+scores ~130 structures over the same few of them: a level's forward at a number of tokens, a
+boundary's acceptance, the n-gram drafter's hit rate and draft-only's replayed forwards."""
+from __future__ import annotations
+
+PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
+
+
+class CostInputs:
+    """Methods of Policy (its subclass): they read its costs, acceptance, novelty, lookups and _memo."""
+
+    def _c(self, level: str, tokens: int) -> float | None:
+        key = (level, tokens)
+        if key not in self._memo:  # one choice scores ~130 structures over the same few inputs
+            self._memo[key] = self._c_fresh(level, tokens)
+        return self._memo[key]
+
+    def _c_fresh(self, level: str, tokens: int) -> float | None:
+        got = self.costs.estimate(level, tokens)
+        if got is None and level == "l1":
+            l2 = self.costs.estimate("l2", tokens)
+            return None if l2 is None else PRIOR_L1_SHARE * l2
+        if got is None and level == "l0":
+            return 0.0  # a drafter never timed costs nothing visible yet (n-gram lookups)
+        return got
+
+    def _rate(self, boundary: str) -> float:
+        if boundary not in self._memo:
+            self._memo[boundary] = self._rate_fresh(boundary)
+        return self._memo[boundary]
+
+    def _rate_fresh(self, boundary: str) -> float:
+        acc = self.acceptance
+        if boundary == "l0_l2" and not acc["l0_l2"].known and acc["l0_l1"].known:
+            return acc["l0_l1"].rate * acc["l1_l2"].rate  # L0 vs the target ~ L0 vs L1, then L1 vs L2
+        if boundary == "l0_l1" and not acc["l0_l1"].known and acc["l0_l2"].known:
+            return acc["l0_l2"].rate
+        new = self.novelty.rate if boundary == "l1_l2" else 0.0  # L1 misses tokens new to its vocabulary
+        return acc[boundary].rate * (1.0 - new)
+
+    def _replay(self, gamma: int) -> tuple[float, int, int] | None:
+        """draft-only's forwards replayed over the logged lookups (engine/decoding/lookup_replay.py)."""
+        key = ("replay", gamma)
+        if key not in self._memo:
+            self._memo[key] = self.lookups.replay(gamma, lambda n: self._c("l2", n))  # (callers checked c2(1))
+        return self._memo[key]
+
+    def _hit(self) -> float:
+        if "hit" not in self._memo:
+            self._memo["hit"] = self._hit_fresh()
+        return self._memo["hit"]
+
+    def _hit_fresh(self) -> float:
+        acc = self.acceptance
+        return acc["l0_l1"].hit if acc["l0_l1"].proposals >= acc["l0_l2"].proposals else acc["l0_l2"].hit
