@@ -52,6 +52,7 @@ once run, had kept itself by SWITCH_GAIN for four cycles at 1.5x ar's cost).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.decoding.lookup_replay import LOOKUP_TOKENS, LookupLog
@@ -255,7 +256,7 @@ class Policy(RetrievalChoices, CostInputs):
         of acceptance 0.673, both explorations closed after that one cycle, and no L1 structure ran
         again in the session (fixed retrieval-only: 5-7 tokens a cycle, 0.71x ar)."""
         seconds, tokens = self.cycle_cost(s)
-        return seconds * self.ratios.time_ratio(s) / tokens
+        return seconds * self.ratios.time_ratio(s) * self.ratios.work_ratio(s) / tokens
 
     def _probe(self, chosen: Structure) -> Structure:
         """Run `chosen` for one cycle, to measure it; the next choice weighs what it interrupted."""
@@ -333,11 +334,14 @@ class Policy(RetrievalChoices, CostInputs):
         per_l1_forward = h * expected_tokens(self._rate("l0_l1"), g1) + (1 - h)
         return (self._c("l0", g1) + h * self._c("l1", g1 + 1) + (1 - h) * self._c("l1", 1)) / per_l1_forward
 
-    def realized(self, s: Structure, seconds: float, tokens: int, checked: int = 0) -> None:
-        """A cycle of `s` took `seconds` of wall time and yielded `tokens` tokens. Learn how far
-        that is from the model (engine/decoding/realized.py): its time against the seconds the model
-        gives its forwards (drafting, rollback, retrieval rebuilds, Python), and its tokens against
-        E(a, g) (acceptance that is not i.i.d.: n-gram drafts are accepted whole or not at all)."""
+    def realized(self, s: Structure, seconds: float, tokens: int, checked: int = 0,
+                 forwards: Sequence[tuple[str, int]] = ()) -> None:
+        """A cycle of `s` took `seconds` of wall time, ran `forwards` ((level, tokens checked) each;
+        empty: unknown, taken as the model's) and yielded `tokens` tokens. Learn how far that is
+        from the model (engine/decoding/realized.py): its time against the model's seconds for the
+        forwards it ran (drafting, rollback, retrieval rebuilds, Python), those forwards against
+        the ones the model expected, and its tokens against E(a, g) (acceptance that is not i.i.d.:
+        n-gram drafts are accepted whole or not at all)."""
         self._memo.clear()
         self._cycles += 1
         believed = self.seconds_per_token(s)
@@ -361,7 +365,8 @@ class Policy(RetrievalChoices, CostInputs):
             self._ar_at = self._cycles
         if seconds > OUTLIER * model:  # a one-off (an n-gram index built over the whole book)
             return
-        self.ratios.add(s, seconds, model, expected, tokens)
+        ran = sum(self._c(level, n) or 0.0 for level, n in forwards) if forwards else None
+        self.ratios.add(s, seconds, model, expected, tokens, ran)
 
     def _within_measured(self, s: Structure, l2: int, l1: int) -> bool:
         """Are the forwards `s` runs at most GROW tokens larger than the largest timed at their level

@@ -9,6 +9,15 @@
   missed (`IDLE_CAP` at most: see `settle`). (Kept as decayed means, the speculative modes read their
   average cycle, noise included, while ar read near its quiet cost: at qa 1K auto weighed
   retrieval-only at 0.957x ar where the fixed mode ran 0.86-0.90x, and stayed on ar.)
+- Work: the forwards a cycle ran (each priced by the model at its size) against the forwards the
+  model expected it to run. triforce's L1 runs forwards until its draft has γ2 tokens, and the last
+  may accept past them, so its cycles ran 1.18x the modelled forwards at continue 8K (sd 0.02 over
+  6 cycles). Inside the time ratio, that share was filtered as noise, believed low like a fast
+  cycle: the filter read 1.15 where the cycles' wall time ran 1.27-1.31x the model, and auto priced
+  triforce within a few per cent of draft-only, which ran 0.84-0.90x its ms/token in the same
+  seconds (2026-12-05). So the time ratio is a cycle's wall time against the forwards it ran,
+  noise and overhead alone, and the work ratio is kept as decayed sums, per mode and per structure,
+  as the yield is.
 - Yield: the tokens E(a, g) promised against the tokens the cycle yielded (acceptance that is not
   i.i.d.: n-gram drafts are accepted whole or not at all, hard passages bunch the rejections).
   Kept per boundary, pooled over the modes that check there (retrieval-only and triforce both
@@ -69,15 +78,21 @@ class CycleSums:
     and yielded tokens."""
 
     time: float | None = None
+    modelled: float = 0.0  # decayed sums of the forwards' seconds the model expected ...
+    ran: float = 0.0  # ... and of those the cycles ran (each forward priced by the model)
     expected: float = 0.0
     tokens: float = 0.0
     cycles: int = 0
     last_expected: float = 0.0  # the latest cycle's promised tokens
     last_cycle: int = 0  # Realized's cycle count at the latest cycle
 
-    def add(self, wall: float, model: float, expected: float, tokens: int, idle: int = 1) -> None:
-        """One cycle, `idle` cycles (of any key) after this key's last one."""
-        self.time = settle(self.time, wall / model, idle)
+    def add(self, wall: float, model: float, expected: float, tokens: int, idle: int = 1,
+            ran: float | None = None) -> None:
+        """One cycle, `idle` cycles (of any key) after this key's last one; `ran`: the model's
+        seconds for the forwards it ran (None: those it expected, `model`)."""
+        ran = model if ran is None or ran <= 0 else ran
+        self.time = settle(self.time, wall / ran, idle)
+        self.modelled, self.ran = FORGET * self.modelled + model, FORGET * self.ran + ran
         self.expected, self.tokens = FORGET * self.expected + expected, FORGET * self.tokens + tokens
         self.cycles += 1
         self.last_expected = expected
@@ -92,16 +107,18 @@ class Realized:
     boundaries: dict[str, CycleSums] = field(default_factory=dict)
     count: int = 0  # cycles added
 
-    def add(self, s: Structure, wall: float, model: float, expected: float, tokens: int) -> None:
-        """A cycle of `s` took `wall` seconds where the model gave its forwards `model` seconds, and
-        yielded `tokens` where E(a, g) promised `expected`."""
+    def add(self, s: Structure, wall: float, model: float, expected: float, tokens: int,
+            ran: float | None = None) -> None:
+        """A cycle of `s` took `wall` seconds where the model gave its forwards `model` seconds (and
+        `ran` seconds to the forwards it really ran; None: the same), and yielded `tokens` where
+        E(a, g) promised `expected`."""
         keyed = [(self.modes, s.mode), (self.structures, s)]
         if s.mode in BOUNDARY:
             keyed.append((self.boundaries, BOUNDARY[s.mode]))
         self.count += 1
         for table, key in keyed:
             sums = table.setdefault(key, CycleSums())
-            sums.add(wall, model, expected, tokens, self.count - sums.last_cycle)  # (a first sample is taken whole)
+            sums.add(wall, model, expected, tokens, self.count - sums.last_cycle, ran)  # (a first sample: whole)
             sums.last_cycle = self.count
 
     def cycles(self, mode: Mode) -> int:
@@ -117,8 +134,23 @@ class Realized:
         return 1.0 + (sums.time - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
 
     def ratio(self, s: Structure) -> float:
-        """Predicted wall time per token of `s` over the model's: time ratio x yield ratio."""
-        return clip(self.time_ratio(s) * self.yield_ratio(s))
+        """Predicted wall time per token of `s` over the model's: time x work x yield ratios."""
+        return clip(self.time_ratio(s) * self.work_ratio(s) * self.yield_ratio(s))
+
+    def work_ratio(self, s: Structure) -> float:
+        """The forwards `s`'s cycles ran over those the model expected: its mode's, drawn toward 1
+        while its cycles are few, refined by its own cycles (1 before any)."""
+        sums = self.modes.get(s.mode)
+        if sums is None or sums.modelled <= 0:
+            return 1.0
+        n = sums.cycles
+        pooled = 1.0 + (sums.ran / sums.modelled - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
+        own = self.structures.get(s)
+        if own is not None and own.modelled > 0:
+            decayed = (1.0 - FORGET ** own.cycles) / (1.0 - FORGET)  # the cycles the sums hold, decayed
+            prior = YIELD_PRIOR_CYCLES * own.modelled / decayed  # cycles' modelled seconds at the mode's ratio
+            pooled = (own.ran + prior * pooled) / (own.modelled + prior)
+        return clip(pooled)
 
     def time_ratio(self, s: Structure) -> float:
         """`s`'s cycles' wall time over their modelled forwards: its own, weighed against one cycle

@@ -87,6 +87,7 @@ class HierarchicalDecoder:
         self._stale = False  # a new prompt came since the selection: rebuild before L1's next use
         self.rebuilds = 0
         self._setup_s = 0.0  # seconds of this cycle's setup rebuild (left out of its wall time)
+        self._forwards: list[tuple[str, int]] = []  # this cycle's forwards: (level, tokens checked)
         self._budget: int | None = None  # the policy's retrieval budget (None: the settings')
         self.l1_verify = verify  # the acceptance rule at L1 (tests swap in a known-buggy variant)
         self.answer_start: int | None = None  # seq[answer_start:] is the answer (the repetition penalty counts it)
@@ -178,7 +179,7 @@ class HierarchicalDecoder:
         return st
 
     def step(self, seq: list[int]) -> list[tuple[int, Level]]:
-        started, self._setup_s = time.perf_counter(), 0.0
+        started, self._setup_s, self._forwards = time.perf_counter(), 0.0, []
         self.structure = st = self._choose(seq)
         drafter, count, boundary = self._compose(st)
         draft = l0_draft([], None)
@@ -204,7 +205,7 @@ class HierarchicalDecoder:
             if self._setup_s:
                 self.policy.l1_setup(self._setup_s)
             self.policy.realized(st, time.perf_counter() - started - lookup - self._setup_s, len(out),
-                                 checked=len(draft.tokens) + 1)
+                                 checked=len(draft.tokens) + 1, forwards=self._forwards)
             emitted = [token for token, _ in out]
             vocab = self.l1_vocab
             if vocab is not None and vocab.active:  # the tokens L1 could not have proposed, whatever ran
@@ -293,6 +294,7 @@ class HierarchicalDecoder:
     def timed(self, level: str, tokens: int, seconds: float) -> None:
         """A forward at `level` ("l0": a whole proposal) that checked `tokens` tokens took `seconds`."""
         self.stats.times.record(level, tokens, seconds)
+        self._forwards.append((level, tokens))
         if self._policy_learns():
             self.policy.costs.record(level, tokens, seconds)
 

@@ -1,0 +1,75 @@
+"""Where each method's cycles of an answer spend their time, side by side as the bench runs them: per
+method its first three cycles split by phase (retrieval rebuild and sync, L1's vocabulary, n-gram
+lookups, L1's drafting, L2's check, the policy's choice), then the rest summed.
+Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=. .venv/bin/python \
+    docs/notes/first_cycle_split.py CONTEXT WORKLOAD REPEATS OTHERS   (e.g. 8000 continue 4 triforce,draft-only)"""
+import collections, sys, time, statistics
+import torch
+from engine.cli.chat_cmd import default_budget
+from engine.model.loading import load_folder
+from engine.settings import DecodeSettings
+from engine.store.models import resolve_model
+from engine.tools.bench import build_prompt
+from engine.tools.bench_steps import run_side_by_side, sessions_on_one_prefill
+from engine.tools.sample_text import sample_text
+from engine.kv.retrieval import RetrievalCache
+from engine.model.draft_vocab import DraftVocabulary
+from engine.decoding import drafters, speculative
+from engine.model import runner as runner_mod
+
+torch.set_num_threads(2)
+ctx, workload, reps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+methods = ["auto"] + sys.argv[4].split(",")
+model = load_folder(resolve_model("bundled"))
+base = DecodeSettings(budget=default_budget(ctx, DecodeSettings().chunk)).replace(max_new_tokens=64, stop=(), ignore_eos=True)
+prompt = build_prompt(model, sample_text(), ctx, workload)
+sessions = sessions_on_one_prefill(model, methods, prompt, base, "ngram", len(prompt) + 128)
+acc = collections.Counter()
+current = [None]
+def wrap(cls, name, key):
+    orig = getattr(cls, name)
+    def f(*a, **k):
+        t = time.perf_counter()
+        try:
+            return orig(*a, **k)
+        finally:
+            acc[key] += time.perf_counter() - t
+    setattr(cls, name, f)
+wrap(RetrievalCache, "rebuild", "r.rebuild")
+wrap(RetrievalCache, "sync", "r.sync")
+wrap(DraftVocabulary, "_rebuild", "vocab._rebuild")
+wrap(DraftVocabulary, "cover", "vocab.cover")
+wrap(DraftVocabulary, "note", "vocab.note")
+wrap(drafters.NgramDrafter, "propose", "ngram.propose")
+wrap(drafters.RetrievalDrafter, "propose", "L1.propose")
+wrap(speculative.HierarchicalDecoder, "_verify_l2", "verify_l2")
+wrap(speculative.HierarchicalDecoder, "_log_lookups", "log_lookups")
+wrap(speculative.HierarchicalDecoder, "_shadow_l0", "shadow_l0")
+wrap(speculative.HierarchicalDecoder, "_choose", "choose")
+log = collections.defaultdict(list)
+for m in methods:
+    dec = sessions[m].decoder
+    orig = dec.step
+    def step(seq, dec=dec, orig=orig, m=m):
+        acc.clear()
+        t = time.perf_counter()
+        out = orig(seq)
+        wall = time.perf_counter() - t
+        log[m].append((dec.structure.label, wall * 1000, len(out), {k: round(v * 1000, 1) for k, v in acc.items()}))
+        return out
+    dec.step = step
+for r in range(reps):
+    for m in methods: log[m].clear()
+    turn = r % len(methods)
+    order = methods[turn:] + methods[:turn]
+    got = run_side_by_side(sessions, order, prompt)
+    print(f"rep {r}: " + ", ".join(f"{m} {got[m].ms_per_token:.1f}" for m in methods))
+    for m in methods:
+        cyc = log[m]
+        print(f"  {m}: {len(cyc)} cycles; first 3:")
+        for c in cyc[:3]:
+            print(f"     {c[0]:24s} {c[1]:6.1f} ms {c[2]} tok {c[3]}")
+        rest = cyc[3:]
+        if rest:
+            print(f"     rest: {sum(c[1] for c in rest):.0f} ms {sum(c[2] for c in rest)} tok")
+    sys.stdout.flush()

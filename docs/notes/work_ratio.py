@@ -1,0 +1,54 @@
+"""auto's cycles at one cell, side by side with fixed methods: each cycle's wall time over its modelled
+forwards, split into wall / (the forwards it ran, each priced by the model) and (those forwards) / (the
+forwards the model expected). Usage as docs/notes/auto_trace_side.py, e.g. 8000 continue 4 triforce,draft-only"""
+import collections, sys, time, statistics
+import torch
+from engine.cli.chat_cmd import default_budget
+from engine.model.loading import load_folder
+from engine.settings import DecodeSettings
+from engine.store.models import resolve_model
+from engine.tools.bench import build_prompt
+from engine.tools.bench_steps import run_side_by_side, sessions_on_one_prefill
+from engine.tools.sample_text import sample_text
+
+torch.set_num_threads(2)
+ctx, workload, reps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+methods = ["auto"] + sys.argv[4].split(",")
+model = load_folder(resolve_model("bundled"))
+base = DecodeSettings(budget=default_budget(ctx, DecodeSettings().chunk)).replace(max_new_tokens=64, stop=(), ignore_eos=True)
+prompt = build_prompt(model, sample_text(), ctx, workload)
+sessions = sessions_on_one_prefill(model, methods, prompt, base, "ngram", len(prompt) + 128)
+dec = sessions["auto"].decoder
+pol = dec.policy
+forwards = []
+orig_timed = dec.timed
+def timed(level, tokens, seconds):
+    forwards.append((level, tokens))
+    return orig_timed(level, tokens, seconds)
+dec.timed = timed
+orig_step = dec.step
+def step(seq):
+    forwards.clear()
+    return orig_step(seq)
+dec.step = step
+rows = collections.defaultdict(list)
+orig_real = pol.realized
+def realized(s, seconds, tokens, checked=0, **kw):
+    cyc = pol.cycle_cost(s)
+    if cyc is not None and s.mode.value != "ar":
+        model, expected = cyc
+        ran = sum(pol._c(l, n) or 0.0 for l, n in forwards)
+        before = pol.ratios.time_ratio(s)
+        rows[s.mode.value].append((seconds / model, seconds / ran, ran / model, tokens / expected, before, seconds / tokens, model / expected))
+    return orig_real(s, seconds, tokens, checked, **kw)
+pol.realized = realized
+for r in range(reps):
+    turn = r % len(methods)
+    got = run_side_by_side(sessions, methods[turn:] + methods[:turn], prompt)
+    print(f"rep {r}: " + ", ".join(f"{m} {got[m].ms_per_token:.1f}" for m in methods), flush=True)
+for mode, rs in rows.items():
+    col = list(zip(*rs))
+    print(f"{mode}: {len(rs)} cycles; wall/model mean {statistics.mean(col[0]):.2f} median {statistics.median(col[0]):.2f}; "
+          f"wall/ran mean {statistics.mean(col[1]):.2f} median {statistics.median(col[1]):.2f}; ran/model mean {statistics.mean(col[2]):.2f} "
+          f"sd {statistics.pstdev(col[2]):.2f}; tokens/expected {statistics.mean(col[3]):.2f}; filtered time ratio (median) {statistics.median(col[4]):.2f}; "
+          f"realized ms/token {1000*sum(x[5]*1 for x in rs)/len(rs):.1f} (mean of cycles); model ms/token mean {1000*statistics.mean(col[6]):.1f}")
