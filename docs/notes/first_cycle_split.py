@@ -4,26 +4,13 @@ lookups, L1's drafting, L2's check, the policy's choice), then the rest summed.
 Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=. .venv/bin/python \
     docs/notes/first_cycle_split.py CONTEXT WORKLOAD REPEATS OTHERS   (e.g. 8000 continue 4 triforce,draft-only)"""
 import collections, sys, time, statistics
-import torch
-from engine.cli.chat_cmd import default_budget
-from engine.model.loading import load_folder
-from engine.settings import DecodeSettings
-from engine.store.models import resolve_model
-from engine.tools.bench import build_prompt
-from engine.tools.bench_steps import run_side_by_side, sessions_on_one_prefill
-from engine.tools.sample_text import sample_text
 from engine.kv.retrieval import RetrievalCache
 from engine.model.draft_vocab import DraftVocabulary
 from engine.decoding import drafters, speculative
-from engine.model import runner as runner_mod
+from engine.tools.bench_steps import run_side_by_side
+from side_cell import side_cell
 
-torch.set_num_threads(2)
-ctx, workload, reps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-methods = ["auto"] + sys.argv[4].split(",")
-model = load_folder(resolve_model("bundled"))
-base = DecodeSettings(budget=default_budget(ctx, DecodeSettings().chunk)).replace(max_new_tokens=64, stop=(), ignore_eos=True)
-prompt = build_prompt(model, sample_text(), ctx, workload)
-sessions = sessions_on_one_prefill(model, methods, prompt, base, "ngram", len(prompt) + 128)
+reps, methods, prompt, sessions = side_cell(sys.argv)
 acc = collections.Counter()
 current = [None]
 def wrap(cls, name, key):
