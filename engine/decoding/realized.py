@@ -72,6 +72,16 @@ def settle(old: float | None, ratio: float, idle: int = 1) -> float:
     return old + (1.0 - (1.0 - SLOWER) ** steps) * (min(ratio, SLOW_CLIP * old) - old)
 
 
+def toward_one(ratio: float, cycles: int) -> float:
+    """`ratio`, read over `cycles` cycles, drawn toward 1 as if RATIO_PRIOR_CYCLES more read 1."""
+    return 1.0 + (ratio - 1.0) * cycles / (cycles + RATIO_PRIOR_CYCLES)
+
+
+def refined(num: float, den: float, prior: float, pooled: float) -> float:
+    """A structure's own sums num / den, weighed against `prior` more of den at the `pooled` ratio."""
+    return (num + prior * pooled) / (den + prior)
+
+
 @dataclass
 class CycleSums:
     """Over cycles: the wall/model time ratio filtered by `settle`, and decayed sums of promised
@@ -130,8 +140,7 @@ class Realized:
         sums = self.modes.get(mode)
         if sums is None:
             return min((m.time for m in self.modes.values()), default=1.0)
-        n = sums.cycles
-        return 1.0 + (sums.time - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
+        return toward_one(sums.time, sums.cycles)
 
     def ratio(self, s: Structure) -> float:
         """Predicted wall time per token of `s` over the model's: time x work x yield ratios."""
@@ -143,13 +152,12 @@ class Realized:
         sums = self.modes.get(s.mode)
         if sums is None or sums.modelled <= 0:
             return 1.0
-        n = sums.cycles
-        pooled = 1.0 + (sums.ran / sums.modelled - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
+        pooled = toward_one(sums.ran / sums.modelled, sums.cycles)
         own = self.structures.get(s)
         if own is not None and own.modelled > 0:
             decayed = (1.0 - FORGET ** own.cycles) / (1.0 - FORGET)  # the cycles the sums hold, decayed
             prior = YIELD_PRIOR_CYCLES * own.modelled / decayed  # cycles' modelled seconds at the mode's ratio
-            pooled = (own.ran + prior * pooled) / (own.modelled + prior)
+            pooled = refined(own.ran, own.modelled, prior, pooled)
         return clip(pooled)
 
     def time_ratio(self, s: Structure) -> float:
@@ -168,9 +176,9 @@ class Realized:
         boundary = self.boundaries.get(BOUNDARY.get(s.mode, ""))
         if boundary is None:
             return 1.0
-        n = boundary.cycles  # drawn toward 1 while the boundary's cycles are few, as the time
-        pooled = 1.0 + (clip(boundary.expected / boundary.tokens) - 1.0) * n / (n + RATIO_PRIOR_CYCLES)
+        # drawn toward 1 while the boundary's cycles are few, as the time
+        pooled = toward_one(clip(boundary.expected / boundary.tokens), boundary.cycles)
         if own is not None and own.last_expected > 0:
-            prior = YIELD_PRIOR_CYCLES * own.last_expected  # tokens at the boundary's ratio
-            pooled = clip((own.expected + prior) / (own.tokens + prior / pooled))
+            prior = YIELD_PRIOR_CYCLES * own.last_expected / pooled  # yielded tokens at the boundary's ratio
+            pooled = clip(refined(own.expected, own.tokens, prior, pooled))
         return pooled
