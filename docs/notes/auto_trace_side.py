@@ -11,23 +11,10 @@ import statistics
 import sys
 import time
 
-import torch
-from engine.cli.chat_cmd import default_budget
-from engine.model.loading import load_folder
-from engine.settings import DecodeSettings
-from engine.store.models import resolve_model
-from engine.tools.bench import build_prompt
-from engine.tools.bench_steps import run_side_by_side, sessions_on_one_prefill
-from engine.tools.sample_text import sample_text
+from engine.tools.bench_steps import run_side_by_side
+from side_cell import side_cell
 
-torch.set_num_threads(2)
-ctx, workload, reps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-methods = ["auto"] + sys.argv[4].split(",")
-model = load_folder(resolve_model("bundled"))
-base = DecodeSettings(budget=default_budget(ctx, DecodeSettings().chunk)).replace(  # the bench's budget
-    max_new_tokens=64, stop=(), ignore_eos=True)
-prompt = build_prompt(model, sample_text(), ctx, workload)
-sessions = sessions_on_one_prefill(model, methods, prompt, base, "ngram", len(prompt) + 128)
+reps, methods, prompt, sessions = side_cell(sys.argv)
 dec = sessions["auto"].decoder
 orig = dec.step
 cycles = []  # (label, wall ms, tokens, weighed candidates when the structure changed)

@@ -3,7 +3,7 @@ method its first three cycles split by phase (retrieval rebuild and sync, L1's v
 lookups, L1's drafting, L2's check, the policy's choice), then the rest summed.
 Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=. .venv/bin/python \
     docs/notes/first_cycle_split.py CONTEXT WORKLOAD REPEATS OTHERS   (e.g. 8000 continue 4 triforce,draft-only)"""
-import collections, sys, time, statistics
+import collections, sys, time
 from engine.kv.retrieval import RetrievalCache
 from engine.model.draft_vocab import DraftVocabulary
 from engine.decoding import drafters, speculative
@@ -12,7 +12,6 @@ from side_cell import side_cell
 
 reps, methods, prompt, sessions = side_cell(sys.argv)
 acc = collections.Counter()
-current = [None]
 def wrap(cls, name, key):
     orig = getattr(cls, name)
     def f(*a, **k):

@@ -1,7 +1,7 @@
 """auto's cycles at one cell, side by side with fixed methods: each cycle's wall time over its modelled
 forwards, split into wall / (the forwards it ran, each priced by the model) and (those forwards) / (the
 forwards the model expected). Usage as docs/notes/auto_trace_side.py, e.g. 8000 continue 4 triforce,draft-only"""
-import collections, sys, time, statistics
+import collections, sys, statistics
 from engine.tools.bench_steps import run_side_by_side
 from side_cell import side_cell
 
