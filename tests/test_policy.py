@@ -10,8 +10,9 @@ from engine.decoding import measurements
 from engine.model import draft_vocab
 from engine.decoding.measurements import PRIOR_SLOPE, STALE, StepCosts
 from engine.decoding.realized import IDLE_CAP, SLOW_CLIP, SLOWER, CycleSums
+from engine.offload.cost import expected_tokens
 from engine.decoding.policy import (AR_RETIME, EXPLORE_CYCLES, EXPLORE_MARGIN, GROW, OUTLIER, REFRESH_CYCLES, SURPRISE, SWITCH_GAIN,
-                                     Policy, Structure, expected_tokens)
+                                     Policy, Structure)
 from engine.decoding.drafters import NgramDrafter, common_prefix
 from engine.decoding.session import ChatSession
 from engine.events import ChatMessage, DocumentText
@@ -99,6 +100,12 @@ def test_gammas_grow_only_as_far_as_their_forwards_were_timed():
             assert g2 + 1 <= 1 + 2 * GROW
 
 
+def _iid(acc) -> None:
+    """Make every draft depth of `acc` accept at its overall rate: i.i.d. acceptance (the same
+    accepted count every cycle would read as certain up to it and a sure rejection after)."""
+    acc.passed = [acc.rate * n for n in acc.reached]
+
+
 def _measured_policy(l0_l2: float, l1_l2: float, l0_l1: float, l1_share: float, l0_s: float = 0.0) -> Policy:
     """A policy that has seen plenty of cycles with these acceptances and costs (L2: 100 ms + 15 ms
     per extra token; L1: l1_share of that)."""
@@ -111,6 +118,7 @@ def _measured_policy(l0_l2: float, l1_l2: float, l0_l1: float, l1_share: float, 
         for _ in range(200):
             accepted = round(10 * rate)
             p.observe(boundary, 10, accepted)
+        _iid(p.acceptance[boundary])
     for m in Mode:
         p.tried[m] = EXPLORE_CYCLES
     return p
@@ -720,6 +728,7 @@ def test_an_interrupted_exploration_is_not_resumed_in_a_later_turn():
         p.costs.record("l2", n, 0.100 + 0.015 * (n - 1))
     for _ in range(200):
         p.observe("l0_l2", 4, 2)
+    _iid(p.acceptance["l0_l2"])
     for m in (Mode.AR, Mode.DRAFT_ONLY, Mode.RETRIEVAL_ONLY):
         p.tried[m] = EXPLORE_CYCLES
     first = p.choose(AUTO, has_l0=True, context_tokens=8000)

@@ -3,9 +3,12 @@ gammas to run next, chosen online by expected tokens per second.
 
 Inputs, all measured in this session (engine/decoding/measurements.py): seconds per forward at each
 level as a function of the tokens it checks (on a CPU, checking 8 tokens costs far more than 1), and
-per-boundary acceptance forgotten over ~50 cycles. A structure is scored as E(a, g) / cost, E(a, g) =
-(1 - a^(g+1)) / (1 - a) tokens per verification. L1's a leaves out rejections at tokens new to its
-vocabulary subset (each joins it) and is scaled by the share of new tokens instead (Novelty).
+per-boundary acceptance forgotten over ~50 cycles. A structure is scored as E(g) / cost, E(g) = 1 +
+sum over k <= g of a_1 ... a_k tokens per verification, a_d the acceptance of a draft's d-th token
+among the drafts that reached it (i.i.d., one a for every depth, priced γ2 = 6 at 5.2 tokens at qa 8K
+where its cycles yielded 3.75, and γ2 = 1 at 1.9 where they yielded 1.95). L1's a leaves out
+rejections at tokens new to its vocabulary subset (each joins it) and is scaled by the share of new
+tokens instead (Novelty).
 
 Exploration is bounded: a structure not yet measured is tried for EXPLORE_CYCLES verification
 cycles, once per session, and only while its optimistic score is within EXPLORE_MARGIN of the best
@@ -62,7 +65,6 @@ from engine.decoding.realized import OUTLIER, Realized, settle
 from engine.decoding.retrieval_choice import RetrievalChoices
 from engine.decoding.structure import Structure
 from engine.events import CandidateCost
-from engine.offload.cost import expected_tokens
 from engine.settings import MAX_DRAFT, DecodeSettings, Mode
 
 EXPLORE_CYCLES = 3
@@ -319,19 +321,19 @@ class Policy(RetrievalChoices, CostInputs):
                 seconds, tokens, cycles = replayed
                 return seconds / cycles, tokens / cycles
             g = s.gamma1
-            tokens = h * expected_tokens(self._rate("l0_l2"), g) + (1 - h)
+            tokens = h * self._expected("l0_l2", g) + (1 - h)
             return self._c("l0", g) + h * c2(g + 1) + (1 - h) * c2(1), tokens
         if s.mode is Mode.RETRIEVAL_ONLY:
             g = s.gamma2
-            return g * self._c("l1", 1) + c2(g + 1), expected_tokens(self._rate("l1_l2"), g)
+            return g * self._c("l1", 1) + c2(g + 1), self._expected("l1_l2", g)
         g2 = s.gamma2
-        return g2 * self._l1_per_token(s.gamma1) + c2(g2 + 1), expected_tokens(self._rate("l1_l2"), g2)
+        return g2 * self._l1_per_token(s.gamma1) + c2(g2 + 1), self._expected("l1_l2", g2)
 
     def _l1_per_token(self, g1: int) -> float:
         """triforce's L1 level: seconds of drafting and L1 forwards per token it hands to L2, with
         L0 drafting g1 tokens per L1 forward. It does not depend on g2."""
         h = self._hit()
-        per_l1_forward = h * expected_tokens(self._rate("l0_l1"), g1) + (1 - h)
+        per_l1_forward = h * self._expected("l0_l1", g1) + (1 - h)
         return (self._c("l0", g1) + h * self._c("l1", g1 + 1) + (1 - h) * self._c("l1", 1)) / per_l1_forward
 
     def realized(self, s: Structure, seconds: float, tokens: int, checked: int = 0,

@@ -3,6 +3,8 @@ scores ~130 structures over the same few of them: a level's forward at a number 
 boundary's acceptance, the n-gram drafter's hit rate and draft-only's replayed forwards."""
 from __future__ import annotations
 
+from engine.offload.cost import expected_tokens
+
 PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
 
 
@@ -37,6 +39,22 @@ class CostInputs:
             return acc["l0_l2"].rate
         new = self.novelty.rate if boundary == "l1_l2" else 0.0  # L1 misses tokens new to its vocabulary
         return acc[boundary].rate * (1.0 - new)
+
+    def _expected(self, boundary: str, gamma: int) -> float:
+        """Tokens a verification of `gamma` drafted tokens yields at `boundary`: per draft depth as
+        measured (Acceptance.expected); the i.i.d. model where the boundary is priced from others."""
+        key = ("expected", boundary, gamma)
+        if key not in self._memo:
+            self._memo[key] = self._expected_fresh(boundary, gamma)
+        return self._memo[key]
+
+    def _expected_fresh(self, boundary: str, gamma: int) -> float:
+        acc = self.acceptance
+        if boundary == "l0_l2" and not acc["l0_l2"].known and acc["l0_l1"].known:
+            return expected_tokens(self._rate(boundary), gamma)  # a product of two boundaries' rates
+        source = "l0_l2" if boundary == "l0_l1" and not acc["l0_l1"].known and acc["l0_l2"].known else boundary
+        new = self.novelty.rate if boundary == "l1_l2" else 0.0  # as _rate_fresh
+        return acc[source].expected(gamma, 1.0 - new)
 
     def _replay(self, gamma: int) -> tuple[float, int, int] | None:
         """draft-only's forwards replayed over the logged lookups (engine/decoding/lookup_replay.py)."""
