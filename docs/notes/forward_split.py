@@ -3,25 +3,14 @@
 level and size, as the model priced them. Usage as docs/notes/auto_trace_side.py, e.g.
 8000 qa 3 ar,retrieval-only"""
 import collections, statistics, sys
-from engine.tools.bench_steps import run_side_by_side
-from side_cell import side_cell
+from side_cell import cycle_forwards, run_reps, side_cell
 
 reps, methods, prompt, sessions = side_cell(sys.argv)
 dec = sessions["auto"].decoder
 pol = dec.policy
-cycle_forwards = []
 samples = collections.defaultdict(list)  # (level, tokens) -> [(seconds, model's estimate before)]
-orig_timed = dec.timed
-def timed(level, tokens, seconds):
-    samples[(level, tokens)].append((seconds, pol.costs.estimate(level, tokens)))
-    cycle_forwards.append((level, tokens, seconds))
-    return orig_timed(level, tokens, seconds)
-dec.timed = timed
-orig_step = dec.step
-def step(seq):
-    cycle_forwards.clear()
-    return orig_step(seq)
-dec.step = step
+cycle_forwards = cycle_forwards(dec, lambda level, tokens, seconds: samples[(level, tokens)].append(
+    (seconds, pol.costs.estimate(level, tokens))))
 rows = collections.defaultdict(list)
 orig_real = pol.realized
 def realized(s, seconds, tokens, checked=0, **kw):
@@ -32,10 +21,7 @@ def realized(s, seconds, tokens, checked=0, **kw):
     rows[s.label].append((seconds, timed_s, priced, model, tokens, len(cycle_forwards)))
     return orig_real(s, seconds, tokens, checked, **kw)
 pol.realized = realized
-for r in range(reps):
-    turn = r % len(methods)
-    got = run_side_by_side(sessions, methods[turn:] + methods[:turn], prompt)
-    print(f"rep {r}: " + ", ".join(f"{m} {got[m].ms_per_token:.1f}" for m in methods), flush=True)
+run_reps(reps, methods, prompt, sessions)
 print("per structure (medians over cycles, ms): wall | forwards as timed | forwards as priced | model's cycle | rest = wall - timed")
 for label, rs in sorted(rows.items()):
     col = list(zip(*rs))

@@ -9,7 +9,7 @@ from engine.model.loading import load_folder
 from engine.settings import DecodeSettings
 from engine.store.models import resolve_model
 from engine.tools.bench import build_prompt
-from engine.tools.bench_steps import sessions_on_one_prefill
+from engine.tools.bench_steps import run_side_by_side, sessions_on_one_prefill
 from engine.tools.sample_text import sample_text
 
 
@@ -23,6 +23,36 @@ def side_cell(argv: list[str]):
         max_new_tokens=64, stop=(), ignore_eos=True)
     prompt = build_prompt(model, sample_text(), ctx, workload)
     return reps, methods, prompt, sessions_on_one_prefill(model, methods, prompt, base, "ngram", len(prompt) + 128)
+
+
+def cycle_forwards(decoder, on_forward=None) -> list:
+    """A list that holds, during each of `decoder`'s cycles, the forwards it ran so far as (level,
+    tokens, seconds); emptied as each cycle starts. `on_forward(level, tokens, seconds)`, if given,
+    sees each forward before the decoder records it."""
+    held = []
+    timed, step = decoder.timed, decoder.step
+
+    def timed_and_held(level, tokens, seconds):
+        if on_forward is not None:
+            on_forward(level, tokens, seconds)
+        held.append((level, tokens, seconds))
+        return timed(level, tokens, seconds)
+
+    def step_afresh(seq):
+        held.clear()
+        return step(seq)
+
+    decoder.timed, decoder.step = timed_and_held, step_afresh
+    return held
+
+
+def run_reps(reps: int, methods: list[str], prompt, sessions) -> None:
+    """Answer `reps` times side by side, the order rotated by one each repeat; print each repeat's
+    ms/token per method."""
+    for r in range(reps):
+        turn = r % len(methods)
+        got = run_side_by_side(sessions, methods[turn:] + methods[:turn], prompt)
+        print(f"rep {r}: " + ", ".join(f"{m} {got[m].ms_per_token:.1f}" for m in methods), flush=True)
 
 
 if __name__ == "__main__":

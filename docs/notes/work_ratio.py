@@ -2,38 +2,24 @@
 forwards, split into wall / (the forwards it ran, each priced by the model) and (those forwards) / (the
 forwards the model expected). Usage as docs/notes/auto_trace_side.py, e.g. 8000 continue 4 triforce,draft-only"""
 import collections, sys, statistics
-from engine.tools.bench_steps import run_side_by_side
-from side_cell import side_cell
+from side_cell import cycle_forwards, run_reps, side_cell
 
 reps, methods, prompt, sessions = side_cell(sys.argv)
 dec = sessions["auto"].decoder
 pol = dec.policy
-forwards = []
-orig_timed = dec.timed
-def timed(level, tokens, seconds):
-    forwards.append((level, tokens))
-    return orig_timed(level, tokens, seconds)
-dec.timed = timed
-orig_step = dec.step
-def step(seq):
-    forwards.clear()
-    return orig_step(seq)
-dec.step = step
+forwards = cycle_forwards(dec)  # (level, tokens, seconds) of the cycle under way
 rows = collections.defaultdict(list)
 orig_real = pol.realized
 def realized(s, seconds, tokens, checked=0, **kw):
     cyc = pol.cycle_cost(s)
     if cyc is not None and s.mode.value != "ar":
         model, expected = cyc
-        ran = sum(pol._c(l, n) or 0.0 for l, n in forwards)
+        ran = sum(pol._c(l, n) or 0.0 for l, n, _ in forwards)
         before = pol.ratios.time_ratio(s)
         rows[s.mode.value].append((seconds / model, seconds / ran, ran / model, tokens / expected, before, seconds / tokens, model / expected))
     return orig_real(s, seconds, tokens, checked, **kw)
 pol.realized = realized
-for r in range(reps):
-    turn = r % len(methods)
-    got = run_side_by_side(sessions, methods[turn:] + methods[:turn], prompt)
-    print(f"rep {r}: " + ", ".join(f"{m} {got[m].ms_per_token:.1f}" for m in methods), flush=True)
+run_reps(reps, methods, prompt, sessions)
 for mode, rs in rows.items():
     col = list(zip(*rs))
     print(f"{mode}: {len(rs)} cycles; wall/model mean {statistics.mean(col[0]):.2f} median {statistics.median(col[0]):.2f}; "
