@@ -11,8 +11,7 @@ timed = collections.defaultdict(list)  # size -> seconds of every L2 check, any 
 for name in methods:
     cycle_forwards(sessions[name].decoder, lambda level, n, s: timed[n].append(s) if level == "l2" else None)
 pol = sessions["auto"].decoder.policy
-for r in range(reps):
-    run_reps(1, methods[r % len(methods):] + methods[:r % len(methods)], prompt, sessions)
+def report():
     medians = {n: statistics.median(xs) for n, xs in timed.items()}
     print("  L2 check ms by size, auto's table | median timed (samples): " + "; ".join(
         f"{n}: {1000 * (pol.costs.estimate('l2', n) or 0):.1f} | {1000 * medians[n]:.1f} ({len(timed[n])})" for n in sorted(medians)))
@@ -25,3 +24,6 @@ for r in range(reps):
         print(f"  γ1={g}: auto prices {1000 * priced[0] / priced[1] * ratio:6.1f} ms/token; at the timed medians "
               f"{1000 * measured[0] / measured[1]:6.1f} (x ar ratio {ratio:.2f}: {1000 * measured[0] / measured[1] * ratio:6.1f}); "
               f"{priced[1] / priced[2]:.2f} tokens a cycle")
+
+
+run_reps(reps, methods, prompt, sessions, after=report)

@@ -46,13 +46,15 @@ def cycle_forwards(decoder, on_forward=None) -> list:
     return held
 
 
-def run_reps(reps: int, methods: list[str], prompt, sessions) -> None:
+def run_reps(reps: int, methods: list[str], prompt, sessions, after=None) -> None:
     """Answer `reps` times side by side, the order rotated by one each repeat; print each repeat's
-    ms/token per method."""
+    ms/token per method, then call `after()` if given."""
     for r in range(reps):
         turn = r % len(methods)
         got = run_side_by_side(sessions, methods[turn:] + methods[:turn], prompt)
         print(f"rep {r}: " + ", ".join(f"{m} {got[m].ms_per_token:.1f}" for m in methods), flush=True)
+        if after is not None:
+            after()
 
 
 if __name__ == "__main__":

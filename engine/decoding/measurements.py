@@ -137,10 +137,11 @@ class Acceptance:
         self.tested = f * self.tested + (accepted + (1 if accepted < proposed else 0) if proposed else 0)
         self.proposals = f * self.proposals + 1
         self.nonempty = f * self.nonempty + (1 if proposed else 0)
-        checked = min(proposed, accepted + 1, DEPTHS)  # tokens 1..checked were looked at
+        checked = min(proposed, accepted + 1, DEPTHS)  # tokens 1..checked were looked at ...
+        held = min(accepted, checked)  # ... and 1..held accepted
         for d in range(DEPTHS):
             self.reached[d] = f * self.reached[d] + (d < checked)
-            self.passed[d] = f * self.passed[d] + (d < min(accepted, checked))
+            self.passed[d] = f * self.passed[d] + (d < held)
 
     def expected(self, gamma: int, scale: float = 1.0) -> float:
         """Tokens one verification of `gamma` drafted tokens yields (accepted + correction/bonus):

@@ -3,6 +3,7 @@ scores ~130 structures over the same few of them: a level's forward at a number 
 boundary's acceptance, the n-gram drafter's hit rate and draft-only's replayed forwards."""
 from __future__ import annotations
 
+from engine.decoding.measurements import Acceptance
 from engine.offload.cost import expected_tokens
 
 PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
@@ -31,14 +32,21 @@ class CostInputs:
             self._memo[boundary] = self._rate_fresh(boundary)
         return self._memo[boundary]
 
-    def _rate_fresh(self, boundary: str) -> float:
+    def _measured(self, boundary: str) -> tuple[Acceptance | None, float]:
+        """The acceptance that prices `boundary` and the factor on its rate (L1 misses the tokens new
+        to its vocabulary); None: L0 -> L2 not yet measured, priced as L0 -> L1 then L1 -> L2."""
         acc = self.acceptance
         if boundary == "l0_l2" and not acc["l0_l2"].known and acc["l0_l1"].known:
-            return acc["l0_l1"].rate * acc["l1_l2"].rate  # L0 vs the target ~ L0 vs L1, then L1 vs L2
+            return None, 1.0
         if boundary == "l0_l1" and not acc["l0_l1"].known and acc["l0_l2"].known:
-            return acc["l0_l2"].rate
-        new = self.novelty.rate if boundary == "l1_l2" else 0.0  # L1 misses tokens new to its vocabulary
-        return acc[boundary].rate * (1.0 - new)
+            return acc["l0_l2"], 1.0
+        return acc[boundary], 1.0 - (self.novelty.rate if boundary == "l1_l2" else 0.0)
+
+    def _rate_fresh(self, boundary: str) -> float:
+        measured, scale = self._measured(boundary)
+        if measured is None:
+            return self.acceptance["l0_l1"].rate * self.acceptance["l1_l2"].rate
+        return measured.rate * scale
 
     def _expected(self, boundary: str, gamma: int) -> float:
         """Tokens a verification of `gamma` drafted tokens yields at `boundary`: per draft depth as
@@ -49,12 +57,10 @@ class CostInputs:
         return self._memo[key]
 
     def _expected_fresh(self, boundary: str, gamma: int) -> float:
-        acc = self.acceptance
-        if boundary == "l0_l2" and not acc["l0_l2"].known and acc["l0_l1"].known:
-            return expected_tokens(self._rate(boundary), gamma)  # a product of two boundaries' rates
-        source = "l0_l2" if boundary == "l0_l1" and not acc["l0_l1"].known and acc["l0_l2"].known else boundary
-        new = self.novelty.rate if boundary == "l1_l2" else 0.0  # as _rate_fresh
-        return acc[source].expected(gamma, 1.0 - new)
+        measured, scale = self._measured(boundary)
+        if measured is None:  # a product of two boundaries' rates: no depths of its own
+            return expected_tokens(self._rate(boundary), gamma)
+        return measured.expected(gamma, scale)
 
     def _replay(self, gamma: int) -> tuple[float, int, int] | None:
         """draft-only's forwards replayed over the logged lookups (engine/decoding/lookup_replay.py)."""
