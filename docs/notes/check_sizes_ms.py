@@ -11,7 +11,7 @@ torch.set_num_threads(2)
 folder = resolve_model("bundled")
 r = load_folder(folder).runner
 sizes = [1,2,3,4,5,6,7,8,9,13]
-for context in (1024, 8000):
+for context in [int(a) for a in (sys.argv[1:] or ["1024", "8000"])]:
     c = r.new_full_cache(context + 16)
     g = torch.Generator().manual_seed(0)
     for layer in range(r.arch.n_layers):

@@ -16,7 +16,8 @@ cycles, once per session, and only while its optimistic score is within EXPLORE_
 The choice is re-scored at each turn, every RESCORE_EVERY cycles and whenever an acceptance estimate
 moves by SHIFT, and changes only between cycles; a switch needs a SWITCH_GAIN advantage, and leaving
 ar a SPECULATION_GAIN one (MEASURED_GAIN once the structure's own cycles have corrected its
-prediction). An L1 structure is explored with checks of at least the settings' γ2 tokens. Every cycle's output is an
+prediction). An L1 structure is explored with drafts of the settings' γ2 tokens, fewer where
+such a check costs over EXPLORE_CHECK one-token checks. Every cycle's output is an
 exact sample whatever structure ran it, so switching never changes what is generated.
 
 With an n-gram drafter, draft-only is not priced by that acceptance model: the decoder logs a
@@ -69,6 +70,7 @@ from engine.settings import MAX_DRAFT, DecodeSettings, Mode
 
 EXPLORE_CYCLES = 3
 EXPLORE_MARGIN = 1.5  # explore an untried structure if its optimistic ms/token <= 1.5x the best's
+EXPLORE_CHECK = 2.5  # ... with L1 drafts whose L2 check costs <= 2.5 one-token checks (at least 2 tokens)
 RESCORE_EVERY = 4  # re-score at least every 4 cycles ...
 SHIFT = 0.1  # ... or as soon as any acceptance estimate moved this much since the last scoring
 SWITCH_GAIN = 0.92  # switch only if the best predicts <= 92% of the current structure's ms/token
@@ -225,18 +227,23 @@ class Policy(RetrievalChoices, CostInputs):
             return SWITCH_GAIN
         return MEASURED_GAIN if self.ratios.cycles(best.mode) >= REALIZED_CYCLES else SPECULATION_GAIN
 
-    @staticmethod
-    def _explored_at(s: Structure, settings: DecodeSettings, remaining: int | None) -> Structure:
-        """The gammas an L1 structure is explored at: drafts of settings.gamma2 tokens for L2 to check.
-        Its cost per token falls with γ2 (on a Zen 1 at 4K a 4-token check cost 78 ms against 37 for
-        one token), but the model prices only checks up to GROW past the longest timed, and at γ2 = 1-2
-        L1's acceptance stays near its prior (0.83-0.93 read against 0.95-0.98 at γ2 = 6): explored
-        short, retrieval-only was never chosen at qa 1-2K where fixed γ2 = 6 beat ar by 10 %. A long
-        first draft times a long check and reads the acceptance."""
+    def _explored_at(self, s: Structure, settings: DecodeSettings, remaining: int | None) -> Structure:
+        """The gammas an L1 structure is explored (or refreshed) at: drafts of settings.gamma2 tokens
+        for L2 to check, fewer where such a check costs over EXPLORE_CHECK one-token checks, and
+        never the model's longer best. At γ2 = 1-2 L1's acceptance stayed near its prior (0.83-0.93
+        read against 0.95-0.98 at γ2 = 6), so explored short, retrieval-only was never chosen at
+        qa 1-2K where fixed γ2 = 6 beat ar by 10 %: a long first draft times a long check and reads
+        the acceptance. But each checked token costs L2 a fixed share more (Zen 1: 1K 8 ms, 8K
+        22-30 ms over 28-46 for one), so at 8K a 7-token exploration check ran 3-4 one-token steps
+        (qa 8K: three cycles of 327-475 ms for 12 tokens, 96 ms/token against ar's 52), and one
+        grown to the model's best (γ2 = 8-10 at continue 8K, once a long check held) ran 553-548 ms."""
         want = min(settings.gamma2, MAX_GAMMA2, MAX_GAMMA2 if remaining is None else remaining - 1)
-        if not s.mode.uses_l1 or s.gamma2 >= want:
+        if not s.mode.uses_l1 or want < 1:
             return s
-        return Structure(s.mode, s.gamma1, want)
+        one = self._c("l2", 1)
+        while want > 2 and one is not None and self._c("l2", want + 1) > EXPLORE_CHECK * one:
+            want -= 1
+        return s if s.gamma2 == want else Structure(s.mode, s.gamma1, want)
 
     def _close_explorations(self, but: Mode | None = None) -> None:
         """A structure's exploration is one run of consecutive cycles: once a scoring leaves it
