@@ -34,10 +34,11 @@ cycles the runner-up (within REFRESH_MARGIN; one needing an L1 cache that is not
 building it costs under PROBE_SETUP_STEPS target steps, retrieval_choice.py) runs one cycle, so
 the estimates of a structure left long ago do not go stale. An L1 runner-up runs it with the draft
 its exploration would (the settings' γ2 tokens, fewer where such a check is dear: _explored_at):
-the model's best gammas for it may be short only because its long checks were timed in a slow spell and never again (qa 8K: a 7-token check held at
-273 ms against 186-200 quiet), and a short probe would re-time neither them nor L1's acceptance on
-a long draft (qa 1K: auto weighed L1 at γ2 = 1 at 0.95x ar's price, short of the margin to leave
-ar, for three answers; 0.72x fixed retrieval-only at γ2 = 6, paired).
+the model's best gammas for it may be short only because its long checks were timed in a slow
+spell and never again (qa 8K: a 7-token check held at 273 ms against 186-200 quiet), and a short
+probe would re-time neither them nor L1's acceptance on a long draft (qa 1K: auto weighed L1 at
+γ2 = 1 at 0.95x ar's price, short of the margin to leave ar, for three answers; 0.72x fixed
+retrieval-only at γ2 = 6, paired).
 
 ar is priced at its forward's quiet cost (StepCosts) times a ratio of its cycles' wall time to that
 cost which believes a faster cycle mostly at once and a slower one only a little (noise on a shared
