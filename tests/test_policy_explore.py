@@ -35,7 +35,7 @@ def _explored(p: Policy, remaining: int | None = None) -> Structure:
 
 def test_where_a_long_check_is_dear_l1_is_explored_with_the_drafts_it_can_afford():
     """8K's checks: a 7-token check costs 3.9 one-token ones; the longest within EXPLORE_CHECK is 4
-    tokens, a 3-token draft (exploring at γ2 = 6 cost qa 8K's first answer 96 ms/token against ar's 52)."""
+    tokens, a 3-token draft (exploring at γ2 = 6 cost qa 8K's first answer 96 ms/token against 52 for its ar cycles)."""
     chosen = _explored(_policy(CHECK_8K_MS, l1_ms=30))
     assert chosen.gamma2 == 3
     assert CHECK_8K_MS[chosen.gamma2] <= EXPLORE_CHECK * CHECK_8K_MS[0] < CHECK_8K_MS[chosen.gamma2 + 1]

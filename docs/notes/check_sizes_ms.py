@@ -1,6 +1,6 @@
-"""ms per target forward by the number of tokens it checks (1-9 and 13), at a filled 1K and 8K
-context, the bundled GGUF's own blocks: what `auto`'s step-cost table should read on a quiet host.
-Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=. .venv/bin/python docs/notes/check_sizes_ms.py
+"""ms per target forward by the number of tokens it checks (1-9 and 13), at each filled context
+named (default 1024 8000), the bundled GGUF's own blocks: what `auto`'s step-cost table should read on a quiet host.
+Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=. .venv/bin/python docs/notes/check_sizes_ms.py [CONTEXT ...]
 Prints, per context, size:median/min over 7 rounds (the sizes interleaved, a first round dropped);
 on a noisy host read the minimum (noise only adds time)."""
 import statistics, sys, time

@@ -236,8 +236,9 @@ class Policy(RetrievalChoices, CostInputs):
         qa 1-2K where fixed γ2 = 6 beat ar by 10 %: a long first draft times a long check and reads
         the acceptance. But each checked token costs L2 a fixed share more (Zen 1: 1K 8 ms, 8K
         22-30 ms over 28-46 for one), so at 8K a 7-token exploration check ran 3-4 one-token steps
-        (qa 8K: three cycles of 327-475 ms for 12 tokens, 96 ms/token against ar's 52), and one
-        grown to the model's best (γ2 = 8-10 at continue 8K, once a long check held) ran 553-548 ms."""
+        (qa 8K: three cycles of 327-475 ms for 12 tokens, 96 ms/token against 52 for the answer's ar
+        cycles), and one grown to the model's best once a long check held ran longer still (continue
+        8K: 553 ms at γ2 = 8, and an 11-token check 548 ms)."""
         want = min(settings.gamma2, MAX_GAMMA2, MAX_GAMMA2 if remaining is None else remaining - 1)
         if not s.mode.uses_l1 or want < 1:
             return s
