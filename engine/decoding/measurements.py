@@ -74,6 +74,28 @@ class StepCosts:
         self._timed[level] = {n: (at, ref, cost * factor) for n, (at, ref, cost) in self._timed[level].items()}
         self._lines.pop(level, None)
 
+    def fresh(self, level: str, tokens: int) -> bool:
+        """Was size `tokens` timed at `level` within the level's last STALE forwards?"""
+        return tokens in self._timed[level] and not self._stale(level, tokens)
+
+    def fresh_estimate(self, level: str, tokens: int) -> float | None:
+        """Seconds for a forward of `tokens` tokens as the sizes timed in the level's last STALE
+        forwards alone put it (between them: the line through the nearest two; above: the slope
+        from the smallest to the largest), or None (fewer than two fresh sizes, or `tokens` under
+        them all)."""
+        row = self.table[level]
+        points = [(n, row[n]) for n in sorted(row) if self.fresh(level, n)]
+        if len(points) < 2 or tokens < points[0][0]:
+            return None
+        below = [p for p in points if p[0] <= tokens]
+        above = [p for p in points if p[0] > tokens]
+        (n0, t0) = below[-1]
+        if n0 == tokens or not above:
+            slope = max(0.0, (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0]))
+            return t0 + slope * (tokens - n0)
+        (n1, t1) = above[0]
+        return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+
     def measured(self, level: str) -> bool:
         return bool(self.table[level])
 
@@ -85,9 +107,9 @@ class StepCosts:
         """Seconds for a forward checking `tokens` tokens, or None if this level was never timed.
         Between two measured sizes: the straight line through them (on a CPU the cost is a
         staircase: the int4 kernel works in blocks of 4 rows, so one line through every point
-        priced a 4-token check like a 5-token one). Beyond them: the slope from the smallest to the
+        priced a 4-token check like a 5-token one). Above them: the slope from the smallest to the
         largest measured size, or with one point the prior slope; the policy only extrapolates a
-        little (GROW)."""
+        little (GROW). Below them: scaled from the smallest as L2's forwards scale (`_shrink`)."""
         row = self.table[level]
         if not row:
             return None
@@ -102,8 +124,25 @@ class StepCosts:
         if below and above:
             (n0, t0), (n1, t1) = below[-1], above[0]
             return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
-        n0, t0 = below[-1] if below else above[0]
+        if not below:  # under the smallest timed size
+            n0, t0 = above[0]
+            return t0 * self._shrink(level, tokens, n0)
+        n0, t0 = below[-1]
         return max(1e-6, t0 + slope * (tokens - n0))
+
+    def _shrink(self, level: str, tokens: int, timed: int) -> float:
+        """A forward of `tokens` tokens over one of `timed` (more), at `level`: as at L2 where L2 has
+        timed down to `tokens` (the same weights checking the same tokens), else as the prior slope
+        says. Not the line through the level's sizes: two noisy points, steep between them, ran it
+        to nothing (continue 1K: L1 timed at 5 and 7 tokens only priced a 1-token L1 forward at
+        ~0 ms, where it ran 14-24, and auto explored retrieval-only at 15.6 ms/token predicted, 27.3
+        run, against draft-only's 16.9)."""
+        l2 = self.table["l2"]
+        if level != "l2" and l2 and min(l2) <= tokens:
+            small, large = self.estimate("l2", tokens), self.estimate("l2", timed)
+            if small and large:
+                return min(1.0, small / large)
+        return (1.0 + PRIOR_SLOPE * (tokens - 1)) / (1.0 + PRIOR_SLOPE * (timed - 1))
 
     @staticmethod
     def _fit(row: dict[int, float]) -> tuple[list[tuple[int, float]], float]:

@@ -38,7 +38,9 @@ the model's best gammas for it may be short only because its long checks were ti
 spell and never again (qa 8K: a 7-token check held at 273 ms against 186-200 quiet), and a short
 probe would re-time neither them nor L1's acceptance on a long draft (qa 1K: auto weighed L1 at
 γ2 = 1 at 0.95x ar's price, short of the margin to leave ar, for three answers; 0.72x fixed
-retrieval-only at γ2 = 6, paired).
+retrieval-only at γ2 = 6, paired). Every SIZE_RETIME cycles the best other draft length of the
+running mode whose L2 check sat untimed runs one cycle where priced near it (size_retime.py): a
+check timed once in a slow spell priced its length out for good.
 
 ar is priced at its forward's quiet cost (StepCosts) times a ratio of its cycles' wall time to that
 cost which believes a faster cycle mostly at once and a slower one only a little (noise on a shared
@@ -65,6 +67,7 @@ from engine.decoding.measurements import Acceptance, Novelty, StepCosts
 from engine.decoding.policy_inputs import CostInputs
 from engine.decoding.realized import OUTLIER, Realized, settle
 from engine.decoding.retrieval_choice import RetrievalChoices
+from engine.decoding.size_retime import SizeRetimes, SizeRetimeState
 from engine.decoding.structure import Structure
 from engine.events import CandidateCost
 from engine.settings import MAX_DRAFT, DecodeSettings, Mode
@@ -100,7 +103,7 @@ REPLAY_GAIN = 0.97
 
 
 @dataclass
-class Policy(RetrievalChoices, CostInputs):
+class Policy(RetrievalChoices, SizeRetimes, CostInputs):
     """Chooses the structure for the next verification cycle from `StepCosts` and `Acceptance`."""
 
     costs: StepCosts = field(default_factory=StepCosts)
@@ -122,6 +125,7 @@ class Policy(RetrievalChoices, CostInputs):
     _cycles: int = 0  # cycles realized
     _ar_at: int = 0  # _cycles when _ar_ratio last moved
     _since_ar: int = 0  # cycles since ar last ran
+    _sizes: SizeRetimeState = field(default_factory=SizeRetimeState)  # re-times of other draft lengths
     _exploring: Mode | None = None  # the mode whose exploration is under way this turn
     _incumbent: Structure | None = None  # what a probe cycle interrupted (None: the current structure)
     lookups: LookupLog = field(default_factory=LookupLog)  # n-gram lookups at every position, for the replay
@@ -212,6 +216,10 @@ class Policy(RetrievalChoices, CostInputs):
         predicted = {s: ms for ms, s in scored}
         if plain is not None and best.mode is not Mode.AR and predicted[best] > self._gain(best, Structure(Mode.AR)) * plain:
             best = Structure(Mode.AR)  # a predicted gain smaller than the model's own error
+        retime = self.size_probe(best) if incumbent is not None and best.mode is incumbent.mode else None
+        if retime is not None:  # staying on a mode: another draft length, priced off a stale check
+            self._settled = False
+            return self._probe(retime)
         return self._ran(best)
 
     def _auto_modes(self, settings: DecodeSettings, has_l0: bool, context_tokens: int, budget: int | None) -> list[Mode]:
@@ -279,6 +287,7 @@ class Policy(RetrievalChoices, CostInputs):
     def _ran(self, chosen: Structure) -> Structure:
         self._incumbent = None
         self._since_refresh += 1
+        self._sizes.since += 1
         times_ar = chosen.mode is Mode.AR or (chosen.mode is Mode.DRAFT_ONLY and self.lookups.ready())
         self._since_ar = 0 if times_ar else self._since_ar + 1  # (a replayed draft-only cycle re-times ar too)
         if self.current is not None and chosen.mode is not self.current.mode:
@@ -391,15 +400,20 @@ class Policy(RetrievalChoices, CostInputs):
             return s.gamma2 + 1 <= l2 + GROW
         return s.gamma2 + 1 <= l2 + GROW and s.gamma1 + 1 <= l1 + GROW
 
+    def _lengths(self, s: Structure) -> list[Structure]:
+        """`s`'s mode at each draft length auto weighs for the L2 check (draft-only: γ1; retrieval-only
+        and triforce: γ2, the other as `s`'s)."""
+        if s.mode is Mode.DRAFT_ONLY:
+            longest = LOOKUP_TOKENS if self.lookups.ready() else min(MAX_DRAFT, 2 * MAX_GAMMA1)
+            return [Structure(s.mode, g, s.gamma2) for g in range(1, longest + 1)]
+        return [Structure(s.mode, s.gamma1, g) for g in range(1, MAX_GAMMA2 + 1)]
+
     def _best_of(self, mode: Mode, settings: DecodeSettings) -> tuple[float | None, Structure]:
         """The best gammas for `mode` and their predicted seconds per token."""
         if mode is Mode.AR:
             grid = [Structure(Mode.AR)]
-        elif mode is Mode.DRAFT_ONLY:
-            longest = LOOKUP_TOKENS if self.lookups.ready() else min(MAX_DRAFT, 2 * MAX_GAMMA1)
-            grid = [Structure(mode, g, settings.gamma2) for g in range(1, longest + 1)]
-        elif mode is Mode.RETRIEVAL_ONLY:
-            grid = [Structure(mode, settings.gamma1, g) for g in range(1, MAX_GAMMA2 + 1)]
+        elif mode is not Mode.TRIFORCE:
+            grid = self._lengths(Structure(mode, settings.gamma1, settings.gamma2))
         l2 = self.costs.largest("l2")
         l1 = self.costs.largest("l1") or l2  # an untimed L1 is priced from L2's timings
         if mode is Mode.TRIFORCE:  # a cycle costs g2 x (L1's seconds per token, set by g1) + L2's

@@ -1,0 +1,78 @@
+"""Re-timing the L2 checks a structure's other draft lengths would run (a side of the `auto` policy,
+engine/decoding/policy.py).
+
+A draft length is priced by the step-cost table at the check size it makes L2 run. A size timed
+once in a slow spell keeps that spell's ratio to the sizes that still run (measurements.StepCosts:
+a stale size moves with the smallest one), and one never timed is read off the line between such
+sizes; a length priced off them is never chosen, so never re-timed. At continue 1K an answer's
+first cycles timed 4- and 6-token checks at 70-111 ms in a slow first second (quiet: ~52 and ~65),
+auto settled on γ1 = 2 and ran it for the session, 0.87x fixed draft-only at γ1 = 4 paired (5
+answers), whose 5-token check it had never timed.
+
+So every SIZE_RETIME cycles on a structure, one other draft length of its mode whose L2 check was
+not timed in the level's last STALE forwards runs one cycle: the one that would beat the structure
+by the most if its check cost what the fresh sizes put it at (StepCosts.fresh_estimate), if any
+would. Each length then waits twice as long before its next re-time, and so does the next re-time
+of any length unless this one won the next choice: where long checks really are dear (a staircase
+the fresh sizes' line runs under), re-times come ever more seldom."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.decoding.structure import Structure
+from engine.settings import Mode
+
+SIZE_RETIME = 16  # on one structure, one cycle in 16 may re-time another draft length's L2 check ...
+SIZE_RETIME_MAX = 512  # ... one in up to 512 once re-times keep losing
+
+
+def check_size(s: Structure) -> int:
+    """The most tokens one L2 check of `s` verifies (its draft and the bonus token)."""
+    return 1 if s.mode is Mode.AR else (s.gamma1 if s.mode is Mode.DRAFT_ONLY else s.gamma2) + 1
+
+
+@dataclass
+class SizeRetimeState:
+    since: int = 0  # cycles since the last re-time
+    every: int = SIZE_RETIME  # cycles between re-times now
+    probed: Structure | None = None  # the last re-time, until a choice has weighed it
+    next_at: dict = field(default_factory=dict)  # (mode, check size) -> (cycle it may re-time next, its wait)
+
+
+class SizeRetimes:
+    """Methods of Policy (its base class). They read its costs, _cycles and _sizes (a
+    SizeRetimeState), and call its scoring (seconds_per_token, _within_measured, _lengths, _c)."""
+
+    def size_probe(self, incumbent: Structure | None) -> Structure | None:
+        """Another draft length of `incumbent`'s mode to run for one cycle, or None (not yet time, or
+        no length with a stale check would beat `incumbent` were its check as the fresh sizes say)."""
+        state = self._sizes
+        if state.probed is not None and incumbent is not None and incumbent.mode is state.probed.mode:
+            won = check_size(incumbent) == check_size(state.probed)  # (the choice after the re-time)
+            state.every = SIZE_RETIME if won else min(SIZE_RETIME_MAX, 2 * state.every)
+            state.probed = None
+        if state.since < state.every or incumbent is None or incumbent.mode is Mode.AR:
+            return None
+        now = self.seconds_per_token(incumbent)
+        l2 = self.costs.largest("l2")
+        l1 = self.costs.largest("l1") or l2
+        best: tuple[float, Structure] | None = None
+        for s in self._lengths(incumbent):
+            size = check_size(s)
+            if (size == check_size(incumbent) or self.costs.fresh("l2", size)
+                    or self._cycles < state.next_at.get((s.mode, size), (0, 0))[0]
+                    or not self._within_measured(s, l2, l1)):
+                continue
+            ms, table, fresh = self.seconds_per_token(s), self._c("l2", size), self.costs.fresh_estimate("l2", size)
+            if ms is None or now is None or not table or fresh is None or fresh >= table:
+                continue
+            hoped = ms * fresh / table  # (its whole price scaled as its check: hopeful where L1 runs too)
+            if hoped < now and (best is None or hoped < best[0]):
+                best = (hoped, s)
+        if best is None:
+            return None
+        s = best[1]
+        _, wait = state.next_at.get((s.mode, check_size(s)), (0, SIZE_RETIME // 2))
+        state.next_at[(s.mode, check_size(s))] = (self._cycles + 2 * wait, 2 * wait)
+        state.since, state.probed = 0, s
+        return s

@@ -1,0 +1,48 @@
+"""How the step-cost table prices a forward smaller than any timed at its level (StepCosts.estimate
+below the smallest timed size): scaled as L2's forwards scale, not by the line through the level's
+own sizes, which two noisy points ran to nothing."""
+from __future__ import annotations
+
+import pytest
+
+from engine.decoding.measurements import PRIOR_SLOPE, StepCosts
+
+CHECK_1K_MS = (28.3, 36.4, 44.4, 52.4, 60.5, 68.5, 76.6)  # L2 by tokens checked, about as measured at 1K
+
+
+def _costs(l1_ms: dict[int, float], l2: bool = True) -> StepCosts:
+    costs = StepCosts()
+    if l2:
+        for n, ms in enumerate(CHECK_1K_MS, start=1):
+            costs.record("l2", n, ms / 1000)
+    for n, ms in l1_ms.items():
+        costs.record("l1", n, ms / 1000)
+    return costs
+
+
+def test_an_l1_forward_below_the_sizes_timed_costs_what_l2_says_not_what_a_steep_line_says():
+    """Continue 1K: L1 timed at 5 and 7 tokens only, 15 ms apart (a quiet forward and a busy one).
+    The line through them reached 0 at 1 token, and auto explored retrieval-only at 15.6 ms/token
+    predicted (27.3 run) against draft-only's 16.9. L2's one-token check is 0.47x its 5-token one."""
+    costs = _costs({5: 25.0, 7: 40.0})
+    one = costs.estimate("l1", 1)
+    assert one == pytest.approx(0.025 * CHECK_1K_MS[0] / CHECK_1K_MS[4])
+    assert costs.estimate("l1", 3) == pytest.approx(0.025 * CHECK_1K_MS[2] / CHECK_1K_MS[4])
+    assert costs.estimate("l1", 6) == pytest.approx(0.0325)  # between timed sizes: the line, as before
+    assert costs.estimate("l1", 5) == pytest.approx(0.025)
+
+
+def test_without_l2_timings_a_smaller_forward_follows_the_prior_slope():
+    costs = _costs({7: 45.0}, l2=False)
+    expected = 0.045 * (1 + PRIOR_SLOPE * 1) / (1 + PRIOR_SLOPE * 6)
+    assert costs.estimate("l1", 2) == pytest.approx(expected)
+    assert costs.estimate("l1", 1) < costs.estimate("l1", 2) < costs.estimate("l1", 7)
+
+
+def test_a_level_never_prices_a_smaller_forward_above_its_smallest_timed_one():
+    costs = StepCosts()
+    for n, ms in ((1, 30.0), (2, 29.0), (3, 31.0)):  # L2 flat and noisy: 2 tokens timed under 1
+        costs.record("l2", n, ms / 1000)
+    costs.record("l1", 3, 0.020)
+    assert costs.estimate("l1", 1) <= costs.estimate("l1", 3)
+    assert costs.estimate("l1", 2) == pytest.approx(0.020 * 29.0 / 31.0)
