@@ -21,9 +21,10 @@ def _costs(l1_ms: dict[int, float], l2: bool = True) -> StepCosts:
 
 
 def test_an_l1_forward_below_the_sizes_timed_costs_what_l2_says_not_what_a_steep_line_says():
-    """Continue 1K: L1 timed at 5 and 7 tokens only, 15 ms apart (a quiet forward and a busy one).
-    The line through them reached 0 at 1 token, and auto explored retrieval-only at 15.6 ms/token
-    predicted (27.3 run) against draft-only's 16.9. L2's one-token check is 0.47x its 5-token one."""
+    """L1 timed at 5 and 7 tokens only, 15 ms apart (a quiet forward and a busy one): the line
+    through them reached 0 at 1 token. (At continue 1K auto once priced never-run retrieval-only at
+    15.6 ms/token, 27.3 run, a price that needs such a forward near 0.) L2's one-token check is
+    0.47x its 5-token one."""
     costs = _costs({5: 25.0, 7: 40.0})
     one = costs.estimate("l1", 1)
     assert one == pytest.approx(0.025 * CHECK_1K_MS[0] / CHECK_1K_MS[4])

@@ -133,10 +133,11 @@ class StepCosts:
     def _shrink(self, level: str, tokens: int, timed: int) -> float:
         """A forward of `tokens` tokens over one of `timed` (more), at `level`: as at L2 where L2 has
         timed down to `tokens` (the same weights checking the same tokens), else as the prior slope
-        says. Not the line through the level's sizes: two noisy points, steep between them, ran it
-        to nothing (continue 1K: L1 timed at 5 and 7 tokens only priced a 1-token L1 forward at
-        ~0 ms, where it ran 14-24, and auto explored retrieval-only at 15.6 ms/token predicted, 27.3
-        run, against draft-only's 16.9)."""
+        says. Not the line through the level's sizes: with L1 timed at 5 and 7 tokens only, 25 and
+        40 ms, it priced a 1-token L1 forward at 0 (they ran 14-24 ms at continue 1K). At continue
+        1K auto once explored retrieval-only priced at 15.6 ms/token (27.3 run) against
+        draft-only's 16.9, a price that needs such a forward near 0 ms (inferred: that table was
+        not printed)."""
         l2 = self.table["l2"]
         if level != "l2" and l2 and min(l2) <= tokens:
             small, large = self.estimate("l2", tokens), self.estimate("l2", timed)

@@ -5,9 +5,9 @@ A draft length is priced by the step-cost table at the check size it makes L2 ru
 once in a slow spell keeps that spell's ratio to the sizes that still run (measurements.StepCosts:
 a stale size moves with the smallest one), and one never timed is read off the line between such
 sizes; a length priced off them is never chosen, so never re-timed. At continue 1K an answer's
-first cycles timed 4- and 6-token checks at 70-111 ms in a slow first second (quiet: ~52 and ~65),
-auto settled on γ1 = 2 and ran it for the session, 0.87x fixed draft-only at γ1 = 4 paired (5
-answers), whose 5-token check it had never timed.
+first cycles ran γ1 = 3 and 5 at 70-79 and 111 ms a cycle in a slow first second (quiet 4- and
+6-token checks: ~52 and ~68 ms), auto settled on γ1 = 2 and ran it for the session, 0.87x fixed
+draft-only at γ1 = 4 paired (5 answers), whose 5-token check it had never timed.
 
 So every SIZE_RETIME cycles on a structure, one other draft length of its mode whose L2 check was
 not timed in the level's last STALE forwards runs one cycle: the one that would beat the structure
