@@ -80,21 +80,13 @@ class StepCosts:
 
     def fresh_estimate(self, level: str, tokens: int) -> float | None:
         """Seconds for a forward of `tokens` tokens as the sizes timed in the level's last STALE
-        forwards alone put it (between them: the line through the nearest two; above: the slope
-        from the smallest to the largest), or None (fewer than two fresh sizes, or `tokens` under
-        them all)."""
+        forwards alone put it (read as `estimate` reads every size), or None (fewer than two fresh
+        sizes, or `tokens` under them all)."""
         row = self.table[level]
-        points = [(n, row[n]) for n in sorted(row) if self.fresh(level, n)]
-        if len(points) < 2 or tokens < points[0][0]:
+        fresh = {n: t for n, t in row.items() if self.fresh(level, n)}
+        if len(fresh) < 2 or tokens < min(fresh):
             return None
-        below = [p for p in points if p[0] <= tokens]
-        above = [p for p in points if p[0] > tokens]
-        (n0, t0) = below[-1]
-        if n0 == tokens or not above:
-            slope = max(0.0, (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0]))
-            return t0 + slope * (tokens - n0)
-        (n1, t1) = above[0]
-        return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+        return self._on_line(*self._fit(fresh), tokens)
 
     def measured(self, level: str) -> bool:
         return bool(self.table[level])
@@ -119,15 +111,21 @@ class StepCosts:
         if line is None:
             self._lines[level] = line = self._fit({n: self._now(level, n) for n in row})
         points, slope = line
-        below = [p for p in points if p[0] < tokens]
-        above = [p for p in points if p[0] > tokens]
-        if below and above:
-            (n0, t0), (n1, t1) = below[-1], above[0]
-            return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
-        if not below:  # under the smallest timed size
-            n0, t0 = above[0]
+        n0, t0 = points[0]
+        if tokens < n0:  # under the smallest timed size
             return t0 * self._shrink(level, tokens, n0)
-        n0, t0 = below[-1]
+        return self._on_line(points, slope, tokens)
+
+    @staticmethod
+    def _on_line(points: list[tuple[int, float]], slope: float, tokens: int) -> float:
+        """`tokens` read off sorted `points` (size, seconds), none of them smaller: the line through
+        the nearest two around it, or above them all the last plus `slope` per token."""
+        below = [p for p in points if p[0] <= tokens]
+        above = [p for p in points if p[0] > tokens]
+        (n0, t0) = below[-1]
+        if above and n0 != tokens:
+            (n1, t1) = above[0]
+            return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
         return max(1e-6, t0 + slope * (tokens - n0))
 
     def _shrink(self, level: str, tokens: int, timed: int) -> float:

@@ -38,9 +38,9 @@ the model's best gammas for it may be short only because its long checks were ti
 spell and never again (qa 8K: a 7-token check held at 273 ms against 186-200 quiet), and a short
 probe would re-time neither them nor L1's acceptance on a long draft (qa 1K: auto weighed L1 at
 γ2 = 1 at 0.95x ar's price, short of the margin to leave ar, for three answers; 0.72x fixed
-retrieval-only at γ2 = 6, paired). Every SIZE_RETIME cycles the best other draft length of the
-running mode whose L2 check sat untimed runs one cycle where priced near it (size_retime.py): a
-check timed once in a slow spell priced its length out for good.
+retrieval-only at γ2 = 6, paired). Every SIZE_RETIME cycles another draft length of the running
+mode whose L2 check sat untimed runs one cycle where it would win were that check to cost what the
+fresh sizes say (size_retime.py): a check timed once in a slow spell priced its length out for good.
 
 ar is priced at its forward's quiet cost (StepCosts) times a ratio of its cycles' wall time to that
 cost which believes a faster cycle mostly at once and a slower one only a little (noise on a shared

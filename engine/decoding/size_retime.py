@@ -43,17 +43,20 @@ class SizeRetimes:
     """Methods of Policy (its base class). They read its costs, _cycles and _sizes (a
     SizeRetimeState), and call its scoring (seconds_per_token, _within_measured, _lengths, _c)."""
 
-    def size_probe(self, incumbent: Structure | None) -> Structure | None:
-        """Another draft length of `incumbent`'s mode to run for one cycle, or None (not yet time, or
-        no length with a stale check would beat `incumbent` were its check as the fresh sizes say)."""
+    def size_probe(self, incumbent: Structure) -> Structure | None:
+        """Another draft length of `incumbent`'s mode (the choice, staying on its mode) to run for one
+        cycle, or None (not yet time, or no length with a stale check would beat `incumbent` were
+        its check as the fresh sizes say)."""
         state = self._sizes
-        if state.probed is not None and incumbent is not None and incumbent.mode is state.probed.mode:
+        if state.probed is not None and incumbent.mode is state.probed.mode:
             won = check_size(incumbent) == check_size(state.probed)  # (the choice after the re-time)
             state.every = SIZE_RETIME if won else min(SIZE_RETIME_MAX, 2 * state.every)
             state.probed = None
-        if state.since < state.every or incumbent is None or incumbent.mode is Mode.AR:
+        if state.since < state.every or incumbent.mode is Mode.AR:
             return None
         now = self.seconds_per_token(incumbent)
+        if now is None:
+            return None
         l2 = self.costs.largest("l2")
         l1 = self.costs.largest("l1") or l2
         best: tuple[float, Structure] | None = None
@@ -64,7 +67,7 @@ class SizeRetimes:
                     or not self._within_measured(s, l2, l1)):
                 continue
             ms, table, fresh = self.seconds_per_token(s), self._c("l2", size), self.costs.fresh_estimate("l2", size)
-            if ms is None or now is None or not table or fresh is None or fresh >= table:
+            if ms is None or not table or fresh is None or fresh >= table:
                 continue
             hoped = ms * fresh / table  # (its whole price scaled as its check: hopeful where L1 runs too)
             if hoped < now and (best is None or hoped < best[0]):
