@@ -1,0 +1,52 @@
+"""The issue's targets, read from one or more bench JSON files (`main.py bench --json`): auto against
+ar and against the fastest fixed mode, by medians and paired per repeat, in every cell; auto
+against the peers at 8K; token identity. Prints the lines the closing notes quote.
+
+    python3 docs/notes/grid_verdict.py docs/bench/bench-cpu-s35-zen1-64.json [...]
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+FIXED = ("ar", "draft-only", "retrieval-only", "triforce")
+
+
+def cell_name(cell: dict) -> str:
+    return f"{cell['workload']} {round(int(cell['context_tokens']) / 1000)}K"
+
+
+def verdict(path: str) -> None:
+    cells = json.load(open(path))
+    vs_ar, vs_ar_paired, vs_best, vs_best_paired, peers, different = [], [], [], [], [], []
+    for cell in cells:
+        name = cell_name(cell)
+        rows = {r["method"]: r for r in cell["results"]}
+        auto = rows["auto"]
+        ratio_ar = rows["ar"]["median_ms_per_token"] / auto["median_ms_per_token"]
+        vs_ar.append((name, round(ratio_ar, 3)))
+        vs_ar_paired.append((name, round(auto["paired_speedup_vs_ar"], 3)))
+        best = min((m for m in FIXED if m in rows), key=lambda m: rows[m]["median_ms_per_token"])
+        vs_best.append((name, round(rows[best]["median_ms_per_token"] / auto["median_ms_per_token"], 3), best))
+        vs_best_paired.append((name, round(auto["paired_vs_best_fixed"], 3), auto["best_fixed"]))
+        different += [(name, m) for m, r in rows.items() if m in FIXED + ("auto",) and not r["identical_to_ar"]]
+        if int(cell["context_tokens"]) >= 8000:
+            for peer in ("llama.cpp", "hf"):
+                if peer in rows:
+                    a, p = auto["median_ms_per_token"], rows[peer]["median_ms_per_token"]
+                    peers.append(f"8K {cell['workload']}: auto {a:.1f}  {peer} {p:.1f} -> {p / a:.2f}x")
+    miss = lambda rows, bar: [r for r in rows if r[1] < bar]  # noqa: E731
+    n = len(cells)
+    print(path)
+    print(f"auto>=ar medians {n - len(miss(vs_ar, 1.0))} of {n} {miss(vs_ar, 1.0)} "
+          f"paired {n - len(miss(vs_ar_paired, 1.0))} {miss(vs_ar_paired, 1.0)}")
+    print(f"auto>=0.95 best medians {n - len(miss(vs_best, 0.95))} of {n} {miss(vs_best, 0.95)} "
+          f"paired {n - len(miss(vs_best_paired, 0.95))} {miss(vs_best_paired, 0.95)}")
+    for line in peers:
+        print(line)
+    print("not identical to ar:", different or "none")
+
+
+if __name__ == "__main__":
+    for p in sys.argv[1:]:
+        verdict(p)
