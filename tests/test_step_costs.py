@@ -47,3 +47,21 @@ def test_a_level_never_prices_a_smaller_forward_above_its_smallest_timed_one():
     costs.record("l1", 3, 0.020)
     assert costs.estimate("l1", 1) <= costs.estimate("l1", 3)
     assert costs.estimate("l1", 2) == pytest.approx(0.020 * 29.0 / 31.0)
+
+
+def test_a_stale_size_moved_with_a_spiked_smallest_one_is_believed_up_to_its_last_timing():
+    """The 1-token check first timed in a spike (20 ms), a 3-token one at 13.6 ms, then the 1-token
+    one quiet at 9 ms: the 3-token size, left stale, reads 13.6 x 9 / 20. Timed again at 13.6 ms it
+    is back at 13.6 (Zen 4, continue 1K: it read 5.6 and slower timings moved it 10 % each, so auto
+    ran γ1 = 2-3 for three answers at up to 1.2x fixed γ1 = 4's ms/token)."""
+    costs = StepCosts()
+    costs.record("l2", 1, 0.020)
+    costs.record("l2", 3, 0.0136)
+    for _ in range(12):
+        costs.record("l2", 1, 0.009)
+    assert not costs.fresh("l2", 3)
+    assert costs.estimate("l2", 3) < 0.5 * 0.0136  # moved with the smallest size
+    costs.record("l2", 3, 0.0136)
+    assert costs.estimate("l2", 3) == pytest.approx(0.0136)
+    costs.record("l2", 3, 0.030)  # fresh again: a spike moves it a little
+    assert costs.estimate("l2", 3) < 0.016
