@@ -3,6 +3,8 @@
 leads to, and that logging a lookup at every position leaves the output exactly ar's."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from engine.decoding.drafters import NgramDrafter, common_prefix
@@ -150,3 +152,29 @@ def test_auto_logs_a_lookup_at_every_position_and_stays_identical_to_ar(tiny, sa
             break  # this one and the later ones still wait for tokens
     log = list(session.decoder.policy.lookups.settled)
     assert len(log) >= 20 and log == expected
+
+
+def test_the_draft_length_the_replay_rates_best_changes_seldom_over_three_answers_of_positions():
+    """Answers of 64 positions, each with a stretch of 40 where lookups copy 8 tokens right, placed
+    anywhere, the rest missing at the second token. Over a window of one answer the best length
+    follows the stretches the window holds (γ1 = 1-6 here); over REPLAY_POSITIONS (three answers) it
+    changes far less often."""
+    rng = random.Random(1)
+    seq = []
+    for _ in range(10):
+        start = rng.randrange(0, 24)
+        seq += [(8, 1)] * start + [(8, 8)] * 40 + [(8, 1)] * (24 - start)
+    cost = lambda n: 0.010 * (1 + 0.25 * (n - 1))  # noqa: E731  (a check's seconds, steep as a CPU's)
+
+    def best(window: list[tuple[int, int]]) -> int:
+        log = LookupLog()
+        log.settled.extend(window)
+        rated = {g: log.replay(g, cost) for g in range(1, LOOKUP_TOKENS + 1)}
+        return min(rated, key=lambda g: rated[g][0] / rated[g][1])
+
+    def changes(window: int) -> int:
+        picks = [best(seq[:n][-window:]) for n in range(4 * 64, 10 * 64, 8)]
+        return sum(a != b for a, b in zip(picks, picks[1:]))
+
+    assert REPLAY_POSITIONS >= 3 * 64
+    assert 2 * changes(REPLAY_POSITIONS) < changes(64), (changes(REPLAY_POSITIONS), changes(64))

@@ -684,6 +684,20 @@ def test_a_cycle_far_over_its_prediction_re_scores_at_once():
     assert not p._settled
 
 
+def test_a_draft_only_cycle_whose_lookup_found_nothing_is_judged_as_a_plain_step():
+    """An empty n-gram lookup makes the cycle one plain step: at ar's cost for one token, about twice
+    draft-only's ms/token, that is what was expected, not a surprise that re-scores the choice."""
+    p = _measured_policy(l0_l2=0.9, l1_l2=0.6, l0_l1=0.9, l1_share=0.9)
+    chosen = p.choose(AUTO, has_l0=True, context_tokens=8000)
+    assert chosen.mode is Mode.DRAFT_ONLY and p._settled
+    step = p.seconds_per_token(Structure(Mode.AR))
+    assert step > SURPRISE * p.seconds_per_token(chosen)  # (a surprise, read as draft-only's tokens)
+    p.realized(chosen, step, 1, checked=1)
+    assert p._settled
+    p.realized(chosen, 1.1 * SURPRISE * step, 1, checked=1)  # a slow plain step still is one
+    assert not p._settled
+
+
 def test_a_fixed_mode_leaves_the_policy_as_auto_left_it():
     """The bench runs ar, triforce, ... between auto's answers in one session: their cycles must not
     move auto's state (which structure it runs, what it tried, when it re-times ar)."""

@@ -1,13 +1,14 @@
 """Draft lengths priced off an L2 check timed in a slow spell get re-timed (size_retime.py): every
 SIZE_RETIME cycles the best other length whose check is stale runs one cycle, each length twice as
-seldom each time."""
+seldom each time. And a choice that stays on its mode keeps its draft length unless another is
+LENGTH_GAIN cheaper; and a runner-up that keeps losing its refresh is refreshed ever more seldom."""
 from __future__ import annotations
 
-from engine.decoding.policy import EXPLORE_CYCLES, Policy
-from engine.decoding.size_retime import SIZE_RETIME, check_size
+from engine.decoding.policy import EXPLORE_CYCLES, REFRESH_CYCLES, Policy
+from engine.decoding.size_retime import LENGTH_GAIN, SIZE_RETIME, check_size
 from engine.decoding.structure import Structure
 from engine.settings import DecodeSettings, Mode
-from test_policy import _iid
+from test_policy import _iid, _measured_policy
 
 AUTO = DecodeSettings(mode="auto")
 
@@ -71,3 +72,52 @@ def test_a_length_that_stays_dear_is_re_timed_ever_more_seldom():
     assert all(ran[i + 1].gamma1 <= 2 for i in probes[:-1])  # each one cycle, then back
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps[-1] >= 4 * SIZE_RETIME  # backed off
+
+
+def _quiet_policy() -> Policy:
+    """draft-only at acceptance 0.9, every check size timed quiet."""
+    p = _policy()
+    for n in range(1, 8):
+        for _ in range(20):  # (believed half-way at each faster sample)
+            p.costs.record("l2", n, _quiet(n))
+    return p
+
+
+def test_auto_runs_the_settings_draft_length_or_the_running_one_unless_another_is_clearly_cheaper():
+    """Lengths the model prices within LENGTH_GAIN of its best are noise apart (continue 1K, Zen 4:
+    a stale check made γ1 = 6 look 4.6 % cheaper than γ1 = 4, and it ran at 1.07x γ1 = 4's
+    ms/token). The settings' length runs if within it, else the running one if within it, else
+    the model's best."""
+    p = _quiet_policy()
+    price = {g: p.seconds_per_token(Structure(Mode.DRAFT_ONLY, g, AUTO.gamma2)) for g in range(1, 7)}
+    best = min(price, key=price.get)
+    close = [g for g in price if g != best and price[best] > LENGTH_GAIN * price[g]]
+    far = [g for g in price if price[best] < 0.9 * price[g]]
+    assert close and far, price  # (the ladder has both kinds)
+    for named, running, expect in ((close[0], far[0], close[0]), (far[0], close[0], close[0]),
+                                   (far[0], far[-1], best)):
+        q = _quiet_policy()
+        q._ran(Structure(Mode.DRAFT_ONLY, running, AUTO.gamma2))
+        chosen = q.choose(AUTO.replace(gamma1=named), has_l0=True, context_tokens=1024)
+        assert chosen.mode is Mode.DRAFT_ONLY and chosen.gamma1 == expect, (named, running, price)
+
+
+def test_a_runner_up_that_keeps_losing_its_refresh_is_refreshed_ever_more_seldom():
+    """On ar, draft-only is the runner-up within REFRESH_MARGIN by the model, and each of its
+    refresh cycles runs 1.5x the model: it is refreshed after REFRESH_CYCLES cycles, then after
+    twice as many each time (continue 1K, Zen 4: triforce, 3x draft-only's ms/token, one cycle every
+    48); a mode that wins a choice starts over."""
+    p = _measured_policy(l0_l2=0.0, l1_l2=0.0, l0_l1=0.0, l1_share=0.95)
+    ar = Structure(Mode.AR)
+    refreshed = []
+    for cycle in range(8 * REFRESH_CYCLES):
+        s = p.choose(AUTO, has_l0=True, context_tokens=8000)
+        slow = 1.0 if s.mode is Mode.AR else 1.5
+        p.realized(s, slow * p.seconds_per_token(s, corrected=False), 1)
+        if s != ar:
+            refreshed.append(cycle)
+    gaps = [b - a for a, b in zip(refreshed, refreshed[1:])]
+    assert refreshed[0] <= REFRESH_CYCLES + 1 and len(refreshed) == 3, refreshed
+    assert 2 * REFRESH_CYCLES <= gaps[0] < gaps[1], gaps  # (the global cadence rounds each wait up)
+    p.refresh_won(Mode.DRAFT_ONLY)
+    assert p.refresh_due(Mode.DRAFT_ONLY)

@@ -41,6 +41,7 @@ probe would re-time neither them nor L1's acceptance on a long draft (qa 1K: aut
 retrieval-only at γ2 = 6, paired). Every SIZE_RETIME cycles another draft length of the running
 mode whose L2 check sat untimed runs one cycle where it would win were that check to cost what the
 fresh sizes say (size_retime.py): a check timed once in a slow spell priced its length out for good.
+A choice runs the settings' draft length (or the running one) unless another is LENGTH_GAIN cheaper.
 
 ar is priced at its forward's quiet cost (StepCosts) times a ratio of its cycles' wall time to that
 cost which believes a faster cycle mostly at once and a slower one only a little (noise on a shared
@@ -92,7 +93,7 @@ MAX_GAMMA1 = 8
 MAX_GAMMA2 = 12  # gamma1 + gamma2 + 2 stays inside the retrieval cache's minimum headroom (128 / 2)
 GROW = 2  # a forward may check at most 2 tokens more than the largest one timed at its level
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
-REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cycle ...
+REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cycle (a mode: ever more seldom) ...
 REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
 AR_RETIME = 16  # on a speculative structure, one ar cycle every 16 cycles re-times ar ...
 SURPRISE = 1.5  # a cycle over 1.5x its structure's predicted ms/token re-scores the choice at once
@@ -199,14 +200,15 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
         if self._since_refresh >= REFRESH_CYCLES:  # re-measure the runner-up once: estimates of a
             self._since_refresh = 0  # structure left long ago go stale (costs move with the context)
             l1_ok = self._l1_live or self._setup_cheap()  # no dear L1 cache built for one cycle
-            others = [(ms, s) for ms, s in scored
-                      if (self.current is None or s.mode is not self.current.mode) and (l1_ok or not s.mode.uses_l1)]
+            others = [(ms, s) for ms, s in scored if (self.current is None or s.mode is not self.current.mode)
+                      and (l1_ok or not s.mode.uses_l1) and self.refresh_due(s.mode)]  # (backed off: size_retime.py)
             if others:  # judged by the model alone: a mode once measured badly must get its chance
                 ms, runner_up = min(((self.seconds_per_token(s, corrected=False), s) for _, s in others),
                                     key=lambda x: x[0])
                 if ms <= REFRESH_MARGIN * best_ms:  # an L1 one at a long draft, as it was explored:
                     self._settled = False  # a short one would re-time neither its long checks nor
-                    return self._probe(self._explored_at(runner_up, settings, remaining))  # L1's acceptance
+                    self.refreshed(runner_up.mode, REFRESH_CYCLES)  # L1's acceptance
+                    return self._probe(self._explored_at(runner_up, settings, remaining))
         incumbent = self.running  # (_ran clears _incumbent below)
         if incumbent is not None and incumbent.mode in modes:
             now = next((ms for ms, s in scored if s.mode is incumbent.mode), None)
@@ -216,10 +218,13 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
         predicted = {s: ms for ms, s in scored}
         if plain is not None and best.mode is not Mode.AR and predicted[best] > self._gain(best, Structure(Mode.AR)) * plain:
             best = Structure(Mode.AR)  # a predicted gain smaller than the model's own error
-        retime = self.size_probe(best) if incumbent is not None and best.mode is incumbent.mode else None
-        if retime is not None:  # staying on a mode: another draft length, priced off a stale check
-            self._settled = False
-            return self._probe(retime)
+        best = self.kept_length(best, incumbent, settings)  # the settings' or the running draft length
+        if incumbent is not None and best.mode is incumbent.mode:  # unless another is clearly cheaper;
+            retime = self.size_probe(best)  # staying on a mode, a length priced off a stale check runs once
+            if retime is not None:
+                self._settled = False
+                return self._probe(retime)
+        self.refresh_won(best.mode)
         return self._ran(best)
 
     def _auto_modes(self, settings: DecodeSettings, has_l0: bool, context_tokens: int, budget: int | None) -> list[Mode]:
@@ -365,6 +370,9 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
         self._memo.clear()
         self._cycles += 1
         believed = self.seconds_per_token(s)
+        if s.mode is Mode.DRAFT_ONLY and checked == 1:  # its lookup found nothing: a plain step, as ar's
+            believed = self.seconds_per_token(Structure(Mode.AR))  # (read against draft-only's ms/token,
+            # each re-scored the choice: half the choices at continue 1K on a Zen 4, ~0.25 ms each)
         if believed is not None and tokens >= 1 and seconds > SURPRISE * believed * tokens:
             self._settled = False  # do not wait RESCORE_EVERY cycles on a structure this far off (at
             # continue 2K, triforce g2=8 predicted 26 ms/token ran four cycles at 57-88 before a re-score)

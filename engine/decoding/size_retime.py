@@ -14,16 +14,30 @@ not timed in the level's last STALE forwards runs one cycle: the one that would 
 by the most if its check cost what the fresh sizes put it at (StepCosts.fresh_estimate), if any
 would. Each length then waits twice as long before its next re-time, and so does the next re-time
 of any length unless this one won the next choice: where long checks really are dear (a staircase
-the fresh sizes' line runs under), re-times come ever more seldom."""
+the fresh sizes' line runs under), re-times come ever more seldom.
+
+The runner-up's refresh (policy.py, every REFRESH_CYCLES cycles) backs off the same way: a mode
+refreshed waits twice as long before its next refresh (`refresh_due`, `refreshed`) until it wins
+a choice. Judged by the model alone, triforce stays within REFRESH_MARGIN of draft-only at
+continue 1K, where it runs at 3x its ms/token: every 48 cycles one of its cycles cost ~25 ms over
+draft-only's, 8 % of the answer it fell in (Zen 4).
+
+Near the best draft length the model's predictions differ by a few per cent, as little as the
+step-cost table's own noise, so a choice runs the settings' length unless the model's best is
+LENGTH_GAIN cheaper, or else the length it is running under the same test (`kept_length`). At
+continue 1K on a Zen 4, where fixed draft-only held γ1 = 4, auto moved among γ1 = 3-8 as stale
+checks' prices drifted (a 5-token check priced 21.2 ms against 19.2 timed made γ1 = 6 look 4.6 %
+cheaper, and it ran at 1.07x γ1 = 4's ms/token)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from engine.decoding.structure import Structure
-from engine.settings import Mode
+from engine.settings import DecodeSettings, Mode
 
 SIZE_RETIME = 16  # on one structure, one cycle in 16 may re-time another draft length's L2 check ...
 SIZE_RETIME_MAX = 512  # ... one in up to 512 once re-times keep losing
+LENGTH_GAIN = 0.96  # the model's best draft length replaces the settings' (or the running one) at <= 96 %
 
 
 def check_size(s: Structure) -> int:
@@ -37,11 +51,44 @@ class SizeRetimeState:
     every: int = SIZE_RETIME  # cycles between re-times now
     probed: Structure | None = None  # the last re-time, until a choice has weighed it
     next_at: dict = field(default_factory=dict)  # (mode, check size) -> (cycle it may re-time next, its wait)
+    refresh_at: dict = field(default_factory=dict)  # mode -> (cycle it may be refreshed next, its wait)
 
 
 class SizeRetimes:
     """Methods of Policy (its base class). They read its costs, _cycles and _sizes (a
     SizeRetimeState), and call its scoring (seconds_per_token, _within_measured, _lengths, _c)."""
+
+    def refresh_due(self, mode: Mode) -> bool:
+        """May `mode` be the runner-up refreshed now (never refreshed, or its wait is over)?"""
+        return self._cycles >= self._sizes.refresh_at.get(mode, (0, 0))[0]
+
+    def refreshed(self, mode: Mode, cycles: int) -> None:
+        """`mode` is refreshed now: its next refresh waits twice as long as the last (at first
+        2 x `cycles`), unless it wins a choice first (`refresh_won`)."""
+        _, wait = self._sizes.refresh_at.get(mode, (0, cycles))
+        self._sizes.refresh_at[mode] = (self._cycles + 2 * wait, 2 * wait)
+
+    def refresh_won(self, mode: Mode) -> None:
+        """`mode` is the choice: its refreshes start over at the shortest wait."""
+        self._sizes.refresh_at.pop(mode, None)
+
+    def kept_length(self, best: Structure, incumbent: Structure | None, settings: DecodeSettings) -> Structure:
+        """The gammas to run `best`'s mode at: the settings' draft length where the model's `best`
+        is not LENGTH_GAIN cheaper than it (and its check is within GROW of those timed), else
+        `incumbent`'s under the same test where it runs that mode, else `best`'s."""
+        new = self.seconds_per_token(best) if best.mode is not Mode.AR else None
+        if new is None:
+            return best
+        l2 = self.costs.largest("l2")
+        l1 = self.costs.largest("l1") or l2
+        named = (Structure(best.mode, settings.gamma1, best.gamma2) if best.mode is Mode.DRAFT_ONLY
+                 else Structure(best.mode, best.gamma1, settings.gamma2))
+        for s in (named, incumbent):
+            if s is not None and s.mode is best.mode and s != best and self._within_measured(s, l2, l1):
+                price = self.seconds_per_token(s)
+                if price is not None and new > LENGTH_GAIN * price:
+                    return s
+        return best
 
     def size_probe(self, incumbent: Structure) -> Structure | None:
         """Another draft length of `incumbent`'s mode (the choice, staying on its mode) to run for one
