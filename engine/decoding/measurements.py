@@ -61,9 +61,9 @@ class StepCosts:
         elif seconds < old or (stale and seconds <= row[tokens]):  # believed whole where the size sat
             # stale: it runs seldom (a long check timed in a slow first answer held 1.4x its cost at
             # qa 8K, 273 ms against 186-200); and up to its last timing, since its price then was
-            # inferred (moved with the smallest size, itself first timed in a spike: at continue 1K
-            # on a Zen 4 a 3-token check timed at 13.6 ms read 5.6 once the 1-token one fell from ~20
-            # to 9, and slower timings moved it 10 % each: auto ran γ1 = 2-3 for three answers)
+            # inferred (moved with the smallest size: at continue 1K on a Zen 4 a 3-token check timed
+            # at 13.6 ms read 5.6, the 1-token one having fallen by that ratio, from a first timing
+            # in a spike to ~9 ms; slower timings moved it 10 % each: γ1 = 2-3 for three answers)
             row[tokens] = seconds if stale else 0.5 * old + 0.5 * seconds
         else:  # one spike (a forward at 4.7x its cost at qa 2K) moves it by 5 % at most
             row[tokens] = old + SLOWER_WEIGHT * (min(seconds, SLOW_CLIP * old) - old)
