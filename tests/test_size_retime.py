@@ -4,6 +4,8 @@ seldom each time. And a choice that stays on its mode keeps its draft length unl
 LENGTH_GAIN cheaper; and a runner-up that keeps losing its refresh is refreshed ever more seldom."""
 from __future__ import annotations
 
+import pytest
+
 from engine.decoding.policy import EXPLORE_CYCLES, REFRESH_CYCLES, Policy
 from engine.decoding.size_retime import LENGTH_GAIN, SIZE_RETIME, check_size
 from engine.decoding.structure import Structure
@@ -100,6 +102,8 @@ def test_auto_runs_the_settings_draft_length_or_the_running_one_unless_another_i
         q._ran(Structure(Mode.DRAFT_ONLY, running, AUTO.gamma2))
         chosen = q.choose(AUTO.replace(gamma1=named), has_l0=True, context_tokens=1024)
         assert chosen.mode is Mode.DRAFT_ONLY and chosen.gamma1 == expect, (named, running, price)
+        shown = {c.structure.split()[0]: c for c in q.candidates}["draft-only"]  # (--stats, the Live panel)
+        assert shown.structure == chosen.label and shown.ms_per_token == pytest.approx(1000 * price[expect])
 
 
 def test_a_runner_up_that_keeps_losing_its_refresh_is_refreshed_ever_more_seldom():

@@ -30,7 +30,7 @@ checks' prices drifted (a 5-token check priced 21.2 ms against 19.2 timed made Î
 cheaper, and it ran at 1.07x Î³1 = 4's ms/token)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.decoding.structure import Structure
 from engine.settings import DecodeSettings, Mode
@@ -56,7 +56,8 @@ class SizeRetimeState:
 
 class SizeRetimes:
     """Methods of Policy (its base class). They read its costs, _cycles and _sizes (a
-    SizeRetimeState), and call its scoring (seconds_per_token, _within_measured, _lengths, _c)."""
+    SizeRetimeState), call its scoring (seconds_per_token, _within_measured, _lengths, _c), and
+    kept_length rewrites its candidates' entry for the length it keeps."""
 
     def refresh_due(self, mode: Mode) -> bool:
         """May `mode` be the runner-up refreshed now (never refreshed, or its wait is over)?"""
@@ -86,7 +87,9 @@ class SizeRetimes:
         for s in (named, incumbent):
             if s is not None and s.mode is best.mode and s != best and self._within_measured(s, l2, l1):
                 price = self.seconds_per_token(s)
-                if price is not None and new > LENGTH_GAIN * price:
+                if price is not None and new > LENGTH_GAIN * price:  # the weighed list shows what runs
+                    self.candidates = tuple(replace(c, structure=s.label, ms_per_token=c.ms_per_token + 1000.0 * (
+                        price - new)) if c.structure == best.label else c for c in self.candidates)
                     return s
         return best
 
