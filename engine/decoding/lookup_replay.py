@@ -24,8 +24,8 @@ from engine.decoding.drafters import common_prefix
 LOOKUP_TOKENS = 8  # tokens of each lookup checked against the target's: draft-only's longest replayable draft
 # the replay covers the last 192 settled positions (three bench answers). Over one answer's 64 it
 # rated the draft lengths by the stretch of text the window held: at continue 1K on a Zen 4 auto
-# moved among γ1 = 2-8 within answers where fixed γ1 = 4 held, 0.89-0.98x its ms/token; over 192,
-# γ1 = 4 ran 14-19 of an answer's 19 cycles in 7 answers of 8 (docs/notes/l2_replay_table.py)
+# moved among γ1 = 2-8 within answers where fixed γ1 = 4 held; over 192, γ1 = 4 ran 14-19 of an
+# answer's ~19 cycles in 6 answers of 8, 8-9 in the others (docs/notes/l2_replay_table.py)
 REPLAY_POSITIONS = 192
 MIN_REPLAY = 16  # fewer settled positions than this: draft-only is priced by the acceptance model
 

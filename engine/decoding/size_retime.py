@@ -19,15 +19,15 @@ the fresh sizes' line runs under), re-times come ever more seldom.
 The runner-up's refresh (policy.py, every REFRESH_CYCLES cycles) backs off the same way: a mode
 refreshed waits twice as long before its next refresh (`refresh_due`, `refreshed`) until it wins
 a choice. Judged by the model alone, triforce stays within REFRESH_MARGIN of draft-only at
-continue 1K, where it runs at 3x its ms/token: every 48 cycles one of its cycles cost ~25 ms over
-draft-only's, 8 % of the answer it fell in (Zen 4).
+continue 1K, where the fixed mode runs at 3x its ms/token: every 48 cycles one triforce cycle took
+49-69 ms for 7-8 tokens that draft-only yields in ~30-35 (Zen 4).
 
 Near the best draft length the model's predictions differ by a few per cent, as little as the
 step-cost table's own noise, so a choice runs the settings' length unless the model's best is
 LENGTH_GAIN cheaper, or else the length it is running under the same test (`kept_length`). At
 continue 1K on a Zen 4, where fixed draft-only held γ1 = 4, auto moved among γ1 = 3-8 as stale
-checks' prices drifted (a 5-token check priced 21.2 ms against 19.2 timed made γ1 = 6 look 4.6 %
-cheaper, and it ran at 1.07x γ1 = 4's ms/token)."""
+checks' prices drifted (a 5-token check priced 21.2 ms against 18.9-19.4 timed made γ1 = 6 look
+4.6 % cheaper, and it ran at 1.07x γ1 = 4's ms/token)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -38,6 +38,17 @@ from engine.settings import DecodeSettings, Mode
 SIZE_RETIME = 16  # on one structure, one cycle in 16 may re-time another draft length's L2 check ...
 SIZE_RETIME_MAX = 512  # ... one in up to 512 once re-times keep losing
 LENGTH_GAIN = 0.96  # the model's best draft length replaces the settings' (or the running one) at <= 96 %
+
+
+def due(waits: dict, key, now: int) -> bool:
+    """Has `key`'s wait in `waits` (key -> (cycle it may come next, its wait)) run out by cycle `now`?"""
+    return now >= waits.get(key, (0, 0))[0]
+
+
+def wait_twice(waits: dict, key, now: int, first: int) -> None:
+    """`key` came at cycle `now`: its next may come after twice its last wait (at first 2 x `first`)."""
+    _, wait = waits.get(key, (0, first))
+    waits[key] = (now + 2 * wait, 2 * wait)
 
 
 def check_size(s: Structure) -> int:
@@ -61,13 +72,12 @@ class SizeRetimes:
 
     def refresh_due(self, mode: Mode) -> bool:
         """May `mode` be the runner-up refreshed now (never refreshed, or its wait is over)?"""
-        return self._cycles >= self._sizes.refresh_at.get(mode, (0, 0))[0]
+        return due(self._sizes.refresh_at, mode, self._cycles)
 
     def refreshed(self, mode: Mode, cycles: int) -> None:
         """`mode` is refreshed now: its next refresh waits twice as long as the last (at first
         2 x `cycles`), unless it wins a choice first (`refresh_won`)."""
-        _, wait = self._sizes.refresh_at.get(mode, (0, cycles))
-        self._sizes.refresh_at[mode] = (self._cycles + 2 * wait, 2 * wait)
+        wait_twice(self._sizes.refresh_at, mode, self._cycles, cycles)
 
     def refresh_won(self, mode: Mode) -> None:
         """`mode` is the choice: its refreshes start over at the shortest wait."""
@@ -113,7 +123,7 @@ class SizeRetimes:
         for s in self._lengths(incumbent):
             size = check_size(s)
             if (size == check_size(incumbent) or self.costs.fresh("l2", size)
-                    or self._cycles < state.next_at.get((s.mode, size), (0, 0))[0]
+                    or not due(state.next_at, (s.mode, size), self._cycles)
                     or not self._within_measured(s, l2, l1)):
                 continue
             ms, table, fresh = self.seconds_per_token(s), self._c("l2", size), self.costs.fresh_estimate("l2", size)
@@ -125,7 +135,6 @@ class SizeRetimes:
         if best is None:
             return None
         s = best[1]
-        _, wait = state.next_at.get((s.mode, check_size(s)), (0, SIZE_RETIME // 2))
-        state.next_at[(s.mode, check_size(s))] = (self._cycles + 2 * wait, 2 * wait)
+        wait_twice(state.next_at, (s.mode, check_size(s)), self._cycles, SIZE_RETIME // 2)
         state.since, state.probed = 0, s
         return s
