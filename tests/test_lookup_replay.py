@@ -55,6 +55,39 @@ def test_the_replay_runs_draft_only_cycle_by_cycle_over_the_logged_positions():
     assert (t1, c1) == (16, 3 + 4 + 6) and s1 == pytest.approx(9 * cost(2) + 4 * cost(1))
 
 
+def _replayed_from_scratch(history: list[tuple[int, int]], gamma: int, forward) -> tuple[float, int, int]:
+    """draft-only over `history`, walked from its first position (what LookupLog.replay keeps)."""
+    i = seconds = tokens = cycles = 0
+    while i < len(history):
+        offered, matched = history[i]
+        checked = min(offered, gamma)
+        got = min(matched, checked) + 1
+        seconds, tokens, cycles, i = seconds + forward(checked + 1), tokens + got, cycles + 1, i + got
+    return seconds, tokens, cycles
+
+
+def test_the_replay_kept_between_calls_equals_a_walk_from_the_window_start():
+    """The replay keeps each draft length's cycles and walks only new positions (and, where the
+    window's start moved past a cycle, from the new start until it meets the old walk): at every
+    step of a growing, sliding window, and for every length, it must equal a walk from scratch."""
+    rng = random.Random(3)
+    log, cost = LookupLog(), (lambda n: 0.010 + 0.003 * n)  # noqa: E731
+    for step in range(300):
+        for _ in range(rng.randint(1, 9)):  # one cycle's positions settle
+            offered = rng.choice([0, 0, rng.randint(1, LOOKUP_TOKENS)])
+            log.settled.append((offered, rng.randint(0, offered) if rng.random() < 0.5 else offered))
+        if step % 3:  # not every length is replayed at every step: some walks catch up on many positions
+            continue
+        for gamma in range(1, LOOKUP_TOKENS + 1):
+            got = log.replay(gamma, cost)
+            if got is None:
+                assert len(log.settled) < MIN_REPLAY
+                continue
+            seconds, tokens, cycles = _replayed_from_scratch(list(log.settled), gamma, cost)
+            assert got[1:] == (tokens, cycles) and got[0] == pytest.approx(seconds)
+    assert log.settled.total > 3 * REPLAY_POSITIONS  # the window slid many times
+
+
 def test_no_replay_before_enough_positions_are_settled():
     log = LookupLog()
     log.settled.extend([(8, 8)] * (MIN_REPLAY - 1))

@@ -289,9 +289,9 @@ def test_auto_scores_the_ngram_drafter_on_cycles_it_took_no_part_in(tiny, sample
     reference, _ = answer_tokens(ar, messages, doc)
     session = ChatSession(tiny, AUTO.replace(max_new_tokens=64), draft="ngram", capacity=2048)
     session.decoder.policy.forced = [Structure(Mode.AR)]
-    seen, shadow = [], session.decoder._shadow_l0
-    session.decoder._shadow_l0 = lambda seq, emitted, *lookup: (seen.append((list(seq), list(emitted))),
-                                                                shadow(seq, emitted, *lookup))
+    seen, learn = [], session.decoder._learn_lookups  # each ar cycle: (sequence before it, its tokens)
+    session.decoder._learn_lookups = lambda seq, emitted, boundary: (seen.append((list(seq), list(emitted))),
+                                                                     learn(seq, emitted, boundary))
     got, _ = answer_tokens(session, messages, doc)
     assert got == reference
     assert len(seen) >= 20 and all(len(emitted) == 1 for _, emitted in seen)  # one token per ar cycle
@@ -328,13 +328,13 @@ def test_a_shadow_draft_is_settled_by_the_tokens_of_later_cycles(tiny, monkeypat
     acc = decoder.policy.acceptance["l0_l2"]
     prompt = [7] * 10
     decoder._shadows = [(10, [1, 2, 3, 4], 0)]  # guesses for positions 10-13
-    decoder._settle_shadows(prompt, [1])  # an ar cycle confirms position 10
-    decoder._settle_shadows(prompt + [1], [2, 3])  # a longer cycle confirms 11 and 12
+    decoder._settle_shadows(prompt + [1])  # an ar cycle confirms position 10
+    decoder._settle_shadows(prompt + [1, 2, 3])  # a longer cycle confirms 11 and 12
     assert acc.tested == 0 and decoder._shadows == [(10, [1, 2, 3, 4], 3)]
-    decoder._settle_shadows(prompt + [1, 2, 3], [9])  # position 13 differs: 3 of 4 accepted
+    decoder._settle_shadows(prompt + [1, 2, 3, 9])  # position 13 differs: 3 of 4 accepted
     assert (acc.accepted, acc.tested, acc.proposals) == (3, 4, 1) and decoder._shadows == []
     decoder._shadows = [(14, [5, 6], 0)]
-    decoder._settle_shadows(prompt + [1, 2, 3, 9], [5])
+    decoder._settle_shadows(prompt + [1, 2, 3, 9, 5])
     decoder._close_shadows()  # the answer ended after one confirmed token
     assert (acc.accepted, acc.tested, acc.proposals) == (4, 5, 2) and decoder._shadows == []
 

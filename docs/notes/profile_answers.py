@@ -22,4 +22,4 @@ pr = cProfile.Profile(); pr.enable()
 for r in range(reps):
     got, ms, acc, metrics = _run_ours(session, prompt, base.replace(mode=mode)); print(mode, round(ms,1))
 pr.disable()
-s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(int(__import__("os").environ.get("PROFILE_LINES", "45"))); print(s.getvalue())
+s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats(__import__("os").environ.get("PROFILE_SORT", "cumulative")).print_stats(int(__import__("os").environ.get("PROFILE_LINES", "45"))); print(s.getvalue())

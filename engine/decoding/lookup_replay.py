@@ -17,7 +17,8 @@ but n-gram drafts hold or fail in stretches: at continue 2K on the Sapphire Rapi
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from engine.decoding.drafters import common_prefix
 
@@ -38,12 +39,90 @@ def lookup_outcome(tokens: list[int], seq: list[int], position: int) -> tuple[in
     return len(known), matched, matched < len(known) or len(known) == len(tokens)
 
 
+class Window(deque):
+    """The settled positions' (offered, matched), the latest REPLAY_POSITIONS of them, counting
+    every position ever appended (`total`), so that a replay can tell which positions are new."""
+
+    def __init__(self) -> None:
+        super().__init__(maxlen=REPLAY_POSITIONS)
+        self.total = 0
+
+    def append(self, item: tuple[int, int]) -> None:
+        super().append(item)
+        self.total += 1
+
+    def extend(self, items: Iterable[tuple[int, int]]) -> None:
+        for item in items:
+            self.append(item)
+
+
+@dataclass
+class Walk:
+    """One draft length's replayed cycles over the window, kept between replays: the cycles run
+    over positions that stay in the window do not change, so each replay walks only the positions
+    new at the window's end and, where the window's start moved, until that walk meets the old one."""
+
+    starts: deque[int] = field(default_factory=deque)  # each cycle's first position (absolute), in order
+    sizes: deque[int] = field(default_factory=deque)  # ... the tokens it checks
+    gains: deque[int] = field(default_factory=deque)  # ... the tokens it yields
+    checks: dict[int, int] = field(default_factory=dict)  # tokens checked -> cycles that check that many
+    tokens: int = 0
+    after: int = 0  # the position after the last cycle (absolute)
+
+    def _push(self, start: int, size: int, gain: int, left: bool = False) -> None:
+        (self.starts.appendleft if left else self.starts.append)(start)
+        (self.sizes.appendleft if left else self.sizes.append)(size)
+        (self.gains.appendleft if left else self.gains.append)(gain)
+        self.checks[size] = self.checks.get(size, 0) + 1
+        self.tokens += gain
+
+    def _pop_first(self) -> None:
+        self.starts.popleft()
+        size, gain = self.sizes.popleft(), self.gains.popleft()
+        self.checks[size] -= 1
+        self.tokens -= gain
+
+    def follow(self, history: list[tuple[int, int]], front: int, gamma: int) -> None:
+        """Bring the walk up to the window `history`, whose first position is `front` (absolute)."""
+        def cycle(at: int) -> tuple[int, int]:  # (tokens checked, tokens yielded) of a cycle at `at`
+            offered, matched = history[at - front]
+            checked = offered if offered < gamma else gamma
+            return checked + 1, (matched if matched < checked else checked) + 1
+
+        end = front + len(history)
+        while self.starts and self.starts[0] < front:  # cycles from before the window's start
+            self._pop_first()
+        if not self.starts:
+            self.after = front
+        else:  # walk from the new start until it meets the old walk (then they coincide)
+            at, head = front, []
+            while self.starts and at != self.starts[0]:
+                if at > self.starts[0]:
+                    self._pop_first()
+                    continue
+                size, gain = cycle(at)
+                head.append((at, size, gain))
+                at += gain
+            if not self.starts:
+                self.after = at
+            for start, size, gain in reversed(head):
+                self._push(start, size, gain, left=True)
+        at = self.after
+        while at < end:
+            size, gain = cycle(at)
+            self._push(at, size, gain)
+            at += gain
+        self.after = at
+
+
 class LookupLog:
     """Per sequence position, in order: (tokens an n-gram lookup offered there, how many of them the
     target then emitted). A lookup is settled once a token differs or all it offered are known."""
 
     def __init__(self) -> None:
-        self.settled: deque[tuple[int, int]] = deque(maxlen=REPLAY_POSITIONS)
+        self.settled = Window()
+        self._walks: dict[int, Walk] = {}  # draft length -> its replayed cycles
+        self._walked: dict[int, int] = {}  # draft length -> settled.total when last walked
         self._open: list[tuple[int, list[int]]] = []  # (position of the first guessed token, guesses)
 
     def add(self, position: int, tokens: list[int]) -> None:
@@ -75,15 +154,9 @@ class LookupLog:
         too few positions are settled."""
         if not self.ready():
             return None
-        # the policy replays ~8 gammas per choice: price each check size once, no calls in the loop
-        history, price = list(self.settled), [0.0] + [forward(n) for n in range(1, gamma + 2)]  # price[n]: a check of n
-        i = seconds = tokens = cycles = 0
-        while i < len(history):
-            offered, matched = history[i]
-            checked = offered if offered < gamma else gamma
-            got = (matched if matched < checked else checked) + 1
-            seconds += price[checked + 1]
-            tokens += got
-            cycles += 1
-            i += got
-        return seconds, tokens, cycles
+        walk = self._walks.setdefault(gamma, Walk())
+        if self._walked.get(gamma) != self.settled.total:  # new positions: walk them (a few per cycle)
+            walk.follow(list(self.settled), self.settled.total - len(self.settled), gamma)
+            self._walked[gamma] = self.settled.total
+        seconds = sum(count * forward(size) for size, count in walk.checks.items() if count)
+        return seconds, walk.tokens, len(walk.starts)
