@@ -77,10 +77,10 @@ def test_a_length_that_stays_dear_is_re_timed_ever_more_seldom():
 
 
 def _quiet_policy() -> Policy:
-    """draft-only at acceptance 0.9, every check size timed quiet."""
+    """draft-only at acceptance 0.9, every check size timed quiet (and fresh)."""
     p = _policy()
-    for n in range(1, 8):
-        for _ in range(20):  # (believed half-way at each faster sample)
+    for _ in range(20):  # (believed half-way at each faster sample)
+        for n in range(1, 8):
             p.costs.record("l2", n, _quiet(n))
     return p
 
@@ -125,3 +125,44 @@ def test_a_runner_up_that_keeps_losing_its_refresh_is_refreshed_ever_more_seldom
     assert 2 * REFRESH_CYCLES <= gaps[0] < gaps[1], gaps  # (the global cadence rounds each wait up)
     p.refresh_won(Mode.DRAFT_ONLY)
     assert p.refresh_due(Mode.DRAFT_ONLY)
+
+
+def _skewed_policy() -> Policy:
+    """As _quiet_policy, but every size timed while the 1-token check ran at twice its cost (a
+    slow spell that hit it alone), then γ1 = 4 run quiet for 12 cycles: the 1-token check falls
+    to its cost, and the untimed sizes, read as moving with it, fall to about half of theirs."""
+    p = _policy()
+    for _ in range(20):
+        for n in range(1, 8):
+            p.costs.record("l2", n, (2.0 if n == 1 else 1.0) * _quiet(n))
+    _run(p, 12)
+    for _ in range(4):  # (the empty lookups' plain steps)
+        p.costs.record("l2", 1, _quiet(1))
+    return p
+
+
+def test_a_length_cheap_only_at_a_stale_check_price_runs_one_cycle_to_time_it_not_the_answer():
+    """A check size left untimed is read as moving with the smallest size, and the sizes do not move
+    alike: at continue 1K on a Zen 4 a 7-token check went stale at 26 ms, the 1-token check fell by
+    a third, the table read 20.7, and auto ran γ1 = 6 for whole answers at 1.09x γ1 = 4's forward
+    time. A length cheaper only at a stale price runs one cycle, which times its check; then the
+    choice weighs it at that price."""
+    p = _skewed_policy()
+    assert not p.costs.fresh("l2", 7) and p.costs.estimate("l2", 7) < 0.7 * _quiet(7)
+    six, four = (p.seconds_per_token(Structure(Mode.DRAFT_ONLY, g, AUTO.gamma2)) for g in (6, 4))
+    assert six < 0.9 * four  # (γ1 = 6 looks clearly best)
+    ran = _run(p, 2 * SIZE_RETIME)
+    assert [s.gamma1 for s in ran].count(6) == 1  # one cycle timed the check at its cost
+    # the other lengths, all read low, each re-timed once, one at a time (ar re-timed too)
+    assert sum(s.gamma1 == 4 for s in ran[-SIZE_RETIME:] if s.mode is Mode.DRAFT_ONLY) >= SIZE_RETIME - 4
+
+
+def test_a_length_whose_check_is_timed_cheaper_runs_after_its_re_time():
+    """The same, where the stale price was right: after its one cycle the length runs."""
+    p = _skewed_policy()
+
+    def seven_cheap(n: int) -> float:  # checks of 7 tokens as cheap as 4 (a staircase step)
+        return _quiet(4 if n == 7 else n)
+
+    ran = _run(p, 2 * SIZE_RETIME, cost=seven_cheap)
+    assert sum(s.gamma1 == 6 for s in ran[-SIZE_RETIME:] if s.mode is Mode.DRAFT_ONLY) >= SIZE_RETIME - 4

@@ -65,3 +65,21 @@ def test_a_stale_size_moved_with_a_spiked_smallest_one_is_believed_up_to_its_las
     assert costs.estimate("l2", 3) == pytest.approx(0.0136)
     costs.record("l2", 3, 0.030)  # fresh again: a spike moves it a little
     assert costs.estimate("l2", 3) < 0.016
+
+
+def test_a_new_size_s_first_timing_is_capped_by_the_fresh_sizes_not_by_stale_ones_read_low():
+    """Every size timed while the 1-token check ran at twice its cost, then only 1 and 5 timed, quiet:
+    the stale sizes, read as moving with the 1-token check, fall to about half their cost. A first
+    timing of 9 tokens capped at 1.5x the line through them stood a third under its quiet cost
+    (and, slower samples believed a tenth at a time, ran for many cycles at that price); the fresh
+    sizes put it where it is."""
+    costs = StepCosts()
+    for n, ms in enumerate(CHECK_1K_MS, start=1):
+        costs.record("l2", n, (2.0 if n == 1 else 1.0) * ms / 1000)
+    for _ in range(12):
+        for n in (1, 5):
+            costs.record("l2", n, CHECK_1K_MS[n - 1] / 1000)
+    assert costs.estimate("l2", 7) < 0.7 * CHECK_1K_MS[6] / 1000  # the stale sizes read low
+    quiet_9 = (CHECK_1K_MS[6] + 2 * (CHECK_1K_MS[6] - CHECK_1K_MS[5])) / 1000
+    costs.record("l2", 9, quiet_9)
+    assert costs.estimate("l2", 9) == pytest.approx(quiet_9)

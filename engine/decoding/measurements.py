@@ -56,7 +56,9 @@ class StepCosts:
         old = self._now(level, tokens) if tokens in row else None
         stale = old is not None and self._stale(level, tokens)
         if old is None:  # a new size: capped by what the sizes timed so far predict for it (a first
-            prior = self.estimate(level, tokens)  # sample taken in a spike priced draft-only out for good)
+            # sample taken in a spike priced draft-only out for good), the fresh ones where two are:
+            # stale ones read low made the cap a third under a quiet check's cost, believed for many cycles
+            prior = self.fresh_estimate(level, tokens) or self.estimate(level, tokens)
             row[tokens] = seconds if prior is None else min(seconds, SLOW_CLIP * prior)
         elif seconds < old or (stale and seconds <= row[tokens]):  # believed whole where the size sat
             # stale: it runs seldom (a long check timed in a slow first answer held 1.4x its cost at

@@ -37,6 +37,7 @@ from engine.settings import DecodeSettings, Mode
 
 SIZE_RETIME = 16  # on one structure, one cycle in 16 may re-time another draft length's L2 check ...
 SIZE_RETIME_MAX = 512  # ... one in up to 512 once re-times keep losing
+UNTIMED_SPACING = 4  # ... and the best length by a stale price at most once in 4 (each length ever more seldom)
 LENGTH_GAIN = 0.96  # the model's best draft length replaces the settings' (or the running one) at <= 96 %
 
 
@@ -63,6 +64,7 @@ class SizeRetimeState:
     probed: Structure | None = None  # the last re-time, until a choice has weighed it
     next_at: dict = field(default_factory=dict)  # (mode, check size) -> (cycle it may re-time next, its wait)
     refresh_at: dict = field(default_factory=dict)  # mode -> (cycle it may be refreshed next, its wait)
+    untimed_best: Structure | None = None  # the model's best length, kept from running on a stale check's price
 
 
 class SizeRetimes:
@@ -86,22 +88,41 @@ class SizeRetimes:
     def kept_length(self, best: Structure, incumbent: Structure | None, settings: DecodeSettings) -> Structure:
         """The gammas to run `best`'s mode at: the settings' draft length where the model's `best`
         is not LENGTH_GAIN cheaper than it (and its check is within GROW of those timed), else
-        `incumbent`'s under the same test where it runs that mode, else `best`'s."""
-        new = self.seconds_per_token(best) if best.mode is not Mode.AR else None
-        if new is None:
+        `incumbent`'s under the same test where it runs that mode, else `best`'s. Lengths are weighed
+        at fresh prices: where `best`'s check was not timed in L2's last STALE forwards, the best
+        length whose check was stands in for it, and `best`, if LENGTH_GAIN cheaper than that one,
+        runs one cycle first to time its check (size_probe)."""
+        self._sizes.untimed_best = None
+        if best.mode is Mode.AR or self.seconds_per_token(best) is None:
             return best
         l2 = self.costs.largest("l2")
         l1 = self.costs.largest("l1") or l2
+        if not self.costs.fresh("l2", check_size(best)):
+            timed = [(self.seconds_per_token(s), s) for s in self._lengths(best)
+                     if self.costs.fresh("l2", check_size(s)) and self._within_measured(s, l2, l1)]
+            timed = [(ms, s) for ms, s in timed if ms is not None]
+            if timed:
+                stand_in = min(timed, key=lambda x: x[0])[1]
+                if self.seconds_per_token(best) <= LENGTH_GAIN * self.seconds_per_token(stand_in):
+                    self._sizes.untimed_best = best
+                best = self._shown_as(best, stand_in)
+        new = self.seconds_per_token(best)
         named = (Structure(best.mode, settings.gamma1, best.gamma2) if best.mode is Mode.DRAFT_ONLY
                  else Structure(best.mode, best.gamma1, settings.gamma2))
         for s in (named, incumbent):
             if s is not None and s.mode is best.mode and s != best and self._within_measured(s, l2, l1):
                 price = self.seconds_per_token(s)
-                if price is not None and new > LENGTH_GAIN * price:  # the weighed list shows what runs
-                    self.candidates = tuple(replace(c, structure=s.label, ms_per_token=c.ms_per_token + 1000.0 * (
-                        price - new)) if c.structure == best.label else c for c in self.candidates)
-                    return s
+                if price is not None and new > LENGTH_GAIN * price:
+                    return self._shown_as(best, s)
         return best
+
+    def _shown_as(self, best: Structure, s: Structure) -> Structure:
+        """`s` runs in `best`'s place: the weighed list (--stats, the Live panel, the bench) shows
+        what runs, at its own price."""
+        price, new = self.seconds_per_token(s), self.seconds_per_token(best)
+        self.candidates = tuple(replace(c, structure=s.label, ms_per_token=c.ms_per_token + 1000.0 * (
+            price - new)) if c.structure == best.label else c for c in self.candidates)
+        return s
 
     def size_probe(self, incumbent: Structure) -> Structure | None:
         """Another draft length of `incumbent`'s mode (the choice, staying on its mode) to run for one
@@ -112,6 +133,10 @@ class SizeRetimes:
             won = check_size(incumbent) == check_size(state.probed)  # (the choice after the re-time)
             state.every = SIZE_RETIME if won else min(SIZE_RETIME_MAX, 2 * state.every)
             state.probed = None
+        waiting = state.untimed_best
+        if (waiting is not None and waiting.mode is incumbent.mode and state.since >= UNTIMED_SPACING
+                and due(state.next_at, (waiting.mode, check_size(waiting)), self._cycles)):
+            return self._retime(waiting)  # the best length by a stale price: its check timed first
         if state.since < state.every or incumbent.mode is Mode.AR:
             return None
         now = self.seconds_per_token(incumbent)
@@ -132,9 +157,11 @@ class SizeRetimes:
             hoped = ms * fresh / table  # (its whole price scaled as its check: hopeful where L1 runs too)
             if hoped < now and (best is None or hoped < best[0]):
                 best = (hoped, s)
-        if best is None:
-            return None
-        s = best[1]
+        return None if best is None else self._retime(best[1])
+
+    def _retime(self, s: Structure) -> Structure:
+        """Run `s` for one cycle to time its check; its check size waits twice as long for the next."""
+        state = self._sizes
         wait_twice(state.next_at, (s.mode, check_size(s)), self._cycles, SIZE_RETIME // 2)
-        state.since, state.probed = 0, s
+        state.since, state.probed, state.untimed_best = 0, s, None
         return s
