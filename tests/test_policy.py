@@ -10,8 +10,9 @@ from engine.decoding import measurements
 from engine.model import draft_vocab
 from engine.decoding.measurements import PRIOR_SLOPE, STALE, StepCosts
 from engine.decoding.realized import IDLE_CAP, SLOW_CLIP, SLOWER, CycleSums
+from engine.decoding.size_retime import REFRESH_CYCLES
 from engine.offload.cost import expected_tokens
-from engine.decoding.policy import (AR_RETIME, EXPLORE_CYCLES, EXPLORE_MARGIN, GROW, OUTLIER, REFRESH_CYCLES, SURPRISE, SWITCH_GAIN,
+from engine.decoding.policy import (AR_RETIME, EXPLORE_CYCLES, EXPLORE_MARGIN, GROW, OUTLIER, SURPRISE, SWITCH_GAIN,
                                      Policy, Structure)
 from engine.decoding.drafters import NgramDrafter, common_prefix
 from engine.decoding.session import ChatSession

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.decoding.policy import EXPLORE_CYCLES, REFRESH_CYCLES, Policy
-from engine.decoding.size_retime import LENGTH_GAIN, SIZE_RETIME, check_size
+from engine.decoding.policy import EXPLORE_CYCLES, Policy
+from engine.decoding.size_retime import LENGTH_GAIN, REFRESH_CYCLES, SIZE_RETIME, check_size
 from engine.decoding.structure import Structure
 from engine.settings import DecodeSettings, Mode
 from test_policy import _iid, _measured_policy
@@ -166,3 +166,25 @@ def test_a_length_whose_check_is_timed_cheaper_runs_after_its_re_time():
 
     ran = _run(p, 2 * SIZE_RETIME, cost=seven_cheap)
     assert sum(s.gamma1 == 6 for s in ran[-SIZE_RETIME:] if s.mode is Mode.DRAFT_ONLY) >= SIZE_RETIME - 4
+
+
+def test_a_refresh_that_loses_makes_the_next_refresh_of_any_mode_wait_twice_as_long():
+    """Three runner-ups within REFRESH_MARGIN of ar by the model, each refresh cycle 1.5x the model:
+    each mode's own doubling wait alone let the others in between (continue 1K and 8K: a triforce
+    refresh near cycle 48 and a retrieval-only one near 96, each costing its answer 7-17 %). A
+    refresh that loses makes the next one, of any mode, wait twice as long."""
+    p = _measured_policy(l0_l2=0.05, l1_l2=0.5, l0_l1=0.0, l1_share=0.7)  # all three within the margin
+    p._l1_live = True  # (the retrieval cache built: an L1 runner-up may be refreshed)
+    ar = Structure(Mode.AR)
+    away = []  # cycles off ar
+    for cycle in range(8 * REFRESH_CYCLES):
+        s = p.choose(AUTO, has_l0=True, context_tokens=8000)
+        slow = 1.0 if s.mode is Mode.AR else 1.5
+        p.realized(s, slow * p.seconds_per_token(s, corrected=False), 1)
+        p._l1_live = True
+        if s != ar:
+            away.append(cycle)
+    starts = [c for i, c in enumerate(away) if i == 0 or c - away[i - 1] > 3]  # each refresh (and what follows it)
+    # on the old code: at cycles 48, 99, 148, 197, 246 and 343, the three runner-ups in turn
+    assert len(starts) == 3 and starts[0] <= REFRESH_CYCLES + 1, away
+    assert all(b - a >= 2 * REFRESH_CYCLES for a, b in zip(starts, starts[1:])), away

@@ -93,8 +93,7 @@ MAX_GAMMA1 = 8
 MAX_GAMMA2 = 12  # gamma1 + gamma2 + 2 stays inside the retrieval cache's minimum headroom (128 / 2)
 GROW = 2  # a forward may check at most 2 tokens more than the largest one timed at its level
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
-REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cycle (a mode: ever more seldom) ...
-REFRESH_MARGIN = 1.3  # ... if predicted within 1.3x of the best
+REFRESH_MARGIN = 1.3  # the runner-up refreshed (every REFRESH_CYCLES cycles at first) if predicted within 1.3x of the best
 AR_RETIME = 16  # on a speculative structure, one ar cycle every 16 cycles re-times ar ...
 SURPRISE = 1.5  # a cycle over 1.5x its structure's predicted ms/token re-scores the choice at once
 # ar against a draft-only priced by replaying its lookups (engine/decoding/lookup_replay.py): both
@@ -197,7 +196,7 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
                 and self._since_ar >= AR_RETIME):
             self._settled = False  # re-time ar next to the structure it competes with: one token
             return self._probe(Structure(Mode.AR))
-        if self._since_refresh >= REFRESH_CYCLES:  # re-measure the runner-up once: estimates of a
+        if self.refresh_time():  # re-measure the runner-up once: estimates of a
             self._since_refresh = 0  # structure left long ago go stale (costs move with the context)
             l1_ok = self._l1_live or self._setup_cheap()  # no dear L1 cache built for one cycle
             others = [(ms, s) for ms, s in scored if (self.current is None or s.mode is not self.current.mode)
@@ -207,7 +206,7 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
                                     key=lambda x: x[0])
                 if ms <= REFRESH_MARGIN * best_ms:  # an L1 one at a long draft, as it was explored:
                     self._settled = False  # a short one would re-time neither its long checks nor
-                    self.refreshed(runner_up.mode, REFRESH_CYCLES)  # L1's acceptance
+                    self.refreshed(runner_up.mode)  # L1's acceptance
                     return self._probe(self._explored_at(runner_up, settings, remaining))
         incumbent = self.running  # (_ran clears _incumbent below)
         if incumbent is not None and incumbent.mode in modes:

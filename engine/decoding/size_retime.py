@@ -16,9 +16,10 @@ would. Each length then waits twice as long before its next re-time, and so does
 of any length unless this one won the next choice: where long checks really are dear (a staircase
 the fresh sizes' line runs under), re-times come ever more seldom.
 
-The runner-up's refresh (policy.py, every REFRESH_CYCLES cycles) backs off the same way: a mode
-refreshed waits twice as long before its next refresh (`refresh_due`, `refreshed`) until it wins
-a choice. Judged by the model alone, triforce stays within REFRESH_MARGIN of draft-only at
+The runner-up's refresh (policy.py, every REFRESH_CYCLES cycles at first) backs off the same way:
+a mode refreshed waits twice as long before its next refresh (`refresh_due`, `refreshed`) until it
+wins a choice, and a refresh that loses the choice after it makes the next refresh of any mode
+wait twice as long (`refresh_time`, `refresh_won`). Judged by the model alone, triforce stays within REFRESH_MARGIN of draft-only at
 continue 1K, where the fixed mode runs at 3x its ms/token: every 48 cycles one triforce cycle took
 49-69 ms for 7-8 tokens that draft-only yields in ~30-35 (Zen 4).
 
@@ -35,6 +36,8 @@ from dataclasses import dataclass, field, replace
 from engine.decoding.structure import Structure
 from engine.settings import DecodeSettings, Mode
 
+REFRESH_CYCLES = 48  # after 48 cycles on one choice, the runner-up runs one cycle (ever more seldom while refreshes lose)
+REFRESH_MAX = 768  # ... at least one in 768
 SIZE_RETIME = 16  # on one structure, one cycle in 16 may re-time another draft length's L2 check ...
 SIZE_RETIME_MAX = 512  # ... one in up to 512 once re-times keep losing
 UNTIMED_SPACING = 4  # ... and the best length by a stale price at most once in 4 (each length ever more seldom)
@@ -64,6 +67,8 @@ class SizeRetimeState:
     probed: Structure | None = None  # the last re-time, until a choice has weighed it
     next_at: dict = field(default_factory=dict)  # (mode, check size) -> (cycle it may re-time next, its wait)
     refresh_at: dict = field(default_factory=dict)  # mode -> (cycle it may be refreshed next, its wait)
+    refresh_every: int = REFRESH_CYCLES  # cycles between refreshes of any mode now
+    refreshing: Mode | None = None  # the mode last refreshed, until a choice has weighed it
     untimed_best: Structure | None = None  # the model's best length, kept from running on a stale check's price
 
 
@@ -72,18 +77,32 @@ class SizeRetimes:
     SizeRetimeState), call its scoring (seconds_per_token, _within_measured, _lengths, _c), and
     kept_length rewrites its candidates' entry for the length it keeps."""
 
+    def refresh_time(self) -> bool:
+        """Have refresh_every cycles run since the last refresh (of any mode)?"""
+        return self._since_refresh >= self._sizes.refresh_every
+
     def refresh_due(self, mode: Mode) -> bool:
         """May `mode` be the runner-up refreshed now (never refreshed, or its wait is over)?"""
         return due(self._sizes.refresh_at, mode, self._cycles)
 
-    def refreshed(self, mode: Mode, cycles: int) -> None:
+    def refreshed(self, mode: Mode) -> None:
         """`mode` is refreshed now: its next refresh waits twice as long as the last (at first
-        2 x `cycles`), unless it wins a choice first (`refresh_won`)."""
-        wait_twice(self._sizes.refresh_at, mode, self._cycles, cycles)
+        2 x REFRESH_CYCLES), unless it wins a choice first (`refresh_won`)."""
+        wait_twice(self._sizes.refresh_at, mode, self._cycles, REFRESH_CYCLES)
+        self._sizes.refreshing = mode
 
     def refresh_won(self, mode: Mode) -> None:
-        """`mode` is the choice: its refreshes start over at the shortest wait."""
-        self._sizes.refresh_at.pop(mode, None)
+        """`mode` is the choice: its refreshes start over at the shortest wait, and so do those of
+        every mode if it is the one just refreshed; if another mode was, the next refresh of any
+        mode waits twice as long (each mode's own wait alone let both L1 modes in: at continue 1K
+        and 8K a triforce refresh about cycle 48 and a retrieval-only one about cycle 96, each
+        costing its answer 7-17 %)."""
+        state = self._sizes
+        state.refresh_at.pop(mode, None)
+        if state.refreshing is not None:
+            won = state.refreshing is mode
+            state.refresh_every = REFRESH_CYCLES if won else min(REFRESH_MAX, 2 * state.refresh_every)
+            state.refreshing = None
 
     def kept_length(self, best: Structure, incumbent: Structure | None, settings: DecodeSettings) -> Structure:
         """The gammas to run `best`'s mode at: the settings' draft length where the model's `best`
