@@ -62,57 +62,56 @@ class Walk:
     over positions that stay in the window do not change, so each replay walks only the positions
     new at the window's end and, where the window's start moved, until that walk meets the old one."""
 
-    starts: deque[int] = field(default_factory=deque)  # each cycle's first position (absolute), in order
-    sizes: deque[int] = field(default_factory=deque)  # ... the tokens it checks
-    gains: deque[int] = field(default_factory=deque)  # ... the tokens it yields
+    cycles: deque[tuple[int, int, int]] = field(default_factory=deque)  # (first position (absolute),
+    # tokens checked, tokens yielded) per cycle, in order
     checks: dict[int, int] = field(default_factory=dict)  # tokens checked -> cycles that check that many
     tokens: int = 0
     after: int = 0  # the position after the last cycle (absolute)
+    seen: int = -1  # the window's `total` when last followed
 
-    def _push(self, start: int, size: int, gain: int, left: bool = False) -> None:
-        (self.starts.appendleft if left else self.starts.append)(start)
-        (self.sizes.appendleft if left else self.sizes.append)(size)
-        (self.gains.appendleft if left else self.gains.append)(gain)
-        self.checks[size] = self.checks.get(size, 0) + 1
-        self.tokens += gain
+    def _count(self, size: int, gain: int, sign: int) -> None:
+        self.checks[size] = self.checks.get(size, 0) + sign
+        self.tokens += sign * gain
 
-    def _pop_first(self) -> None:
-        self.starts.popleft()
-        size, gain = self.sizes.popleft(), self.gains.popleft()
-        self.checks[size] -= 1
-        self.tokens -= gain
+    def follow(self, history: Window, gamma: int) -> None:
+        """Bring the walk up to the window `history`."""
+        if self.seen == history.total:
+            return
+        front = history.total - len(history)  # the window's first position (absolute)
 
-    def follow(self, history: list[tuple[int, int]], front: int, gamma: int) -> None:
-        """Bring the walk up to the window `history`, whose first position is `front` (absolute)."""
-        def cycle(at: int) -> tuple[int, int]:  # (tokens checked, tokens yielded) of a cycle at `at`
+        def cycle(at: int) -> tuple[int, int, int]:  # the cycle that starts at `at`
             offered, matched = history[at - front]
             checked = offered if offered < gamma else gamma
-            return checked + 1, (matched if matched < checked else checked) + 1
+            return at, checked + 1, (matched if matched < checked else checked) + 1
 
-        end = front + len(history)
-        while self.starts and self.starts[0] < front:  # cycles from before the window's start
-            self._pop_first()
-        if not self.starts:
+        def pop_first() -> None:
+            _, size, gain = self.cycles.popleft()
+            self._count(size, gain, -1)
+
+        while self.cycles and self.cycles[0][0] < front:  # cycles from before the window's start
+            pop_first()
+        if not self.cycles:
             self.after = front
         else:  # walk from the new start until it meets the old walk (then they coincide)
             at, head = front, []
-            while self.starts and at != self.starts[0]:
-                if at > self.starts[0]:
-                    self._pop_first()
+            while self.cycles and at != self.cycles[0][0]:
+                if at > self.cycles[0][0]:
+                    pop_first()
                     continue
-                size, gain = cycle(at)
-                head.append((at, size, gain))
-                at += gain
-            if not self.starts:
+                head.append(cycle(at))
+                at += head[-1][2]
+            if not self.cycles:
                 self.after = at
-            for start, size, gain in reversed(head):
-                self._push(start, size, gain, left=True)
+            for c in reversed(head):
+                self.cycles.appendleft(c)
+                self._count(c[1], c[2], 1)
         at = self.after
-        while at < end:
-            size, gain = cycle(at)
-            self._push(at, size, gain)
-            at += gain
-        self.after = at
+        while at < history.total:
+            c = cycle(at)
+            self.cycles.append(c)
+            self._count(c[1], c[2], 1)
+            at += c[2]
+        self.after, self.seen = at, history.total
 
 
 class LookupLog:
@@ -122,7 +121,6 @@ class LookupLog:
     def __init__(self) -> None:
         self.settled = Window()
         self._walks: dict[int, Walk] = {}  # draft length -> its replayed cycles
-        self._walked: dict[int, int] = {}  # draft length -> settled.total when last walked
         self._open: list[tuple[int, list[int]]] = []  # (position of the first guessed token, guesses)
 
     def add(self, position: int, tokens: list[int]) -> None:
@@ -155,8 +153,6 @@ class LookupLog:
         if not self.ready():
             return None
         walk = self._walks.setdefault(gamma, Walk())
-        if self._walked.get(gamma) != self.settled.total:  # new positions: walk them (a few per cycle)
-            walk.follow(list(self.settled), self.settled.total - len(self.settled), gamma)
-            self._walked[gamma] = self.settled.total
+        walk.follow(self.settled, gamma)  # the positions new since the last replay (a few per cycle)
         seconds = sum(count * forward(size) for size, count in walk.checks.items() if count)
-        return seconds, walk.tokens, len(walk.starts)
+        return seconds, walk.tokens, len(walk.cycles)

@@ -112,7 +112,8 @@ class SizeRetimes:
         length whose check was stands in for it, and `best`, if LENGTH_GAIN cheaper than that one,
         runs one cycle first to time its check (size_probe)."""
         self._sizes.untimed_best = None
-        if best.mode is Mode.AR or self.seconds_per_token(best) is None:
+        new = self.seconds_per_token(best) if best.mode is not Mode.AR else None
+        if new is None:
             return best
         l2 = self.costs.largest("l2")
         l1 = self.costs.largest("l1") or l2
@@ -121,24 +122,22 @@ class SizeRetimes:
                      if self.costs.fresh("l2", check_size(s)) and self._within_measured(s, l2, l1)]
             timed = [(ms, s) for ms, s in timed if ms is not None]
             if timed:
-                stand_in = min(timed, key=lambda x: x[0])[1]
-                if self.seconds_per_token(best) <= LENGTH_GAIN * self.seconds_per_token(stand_in):
+                price, stand_in = min(timed, key=lambda x: x[0])
+                if new <= LENGTH_GAIN * price:
                     self._sizes.untimed_best = best
-                best = self._shown_as(best, stand_in)
-        new = self.seconds_per_token(best)
+                best, new = self._shown_as(best, new, stand_in, price), price
         named = (Structure(best.mode, settings.gamma1, best.gamma2) if best.mode is Mode.DRAFT_ONLY
                  else Structure(best.mode, best.gamma1, settings.gamma2))
         for s in (named, incumbent):
             if s is not None and s.mode is best.mode and s != best and self._within_measured(s, l2, l1):
                 price = self.seconds_per_token(s)
                 if price is not None and new > LENGTH_GAIN * price:
-                    return self._shown_as(best, s)
+                    return self._shown_as(best, new, s, price)
         return best
 
-    def _shown_as(self, best: Structure, s: Structure) -> Structure:
-        """`s` runs in `best`'s place: the weighed list (--stats, the Live panel, the bench) shows
-        what runs, at its own price."""
-        price, new = self.seconds_per_token(s), self.seconds_per_token(best)
+    def _shown_as(self, best: Structure, new: float, s: Structure, price: float) -> Structure:
+        """`s` (at `price` s/token) runs in `best`'s place (at `new`): the weighed list (--stats, the
+        Live panel, the bench) shows what runs, at its own price."""
         self.candidates = tuple(replace(c, structure=s.label, ms_per_token=c.ms_per_token + 1000.0 * (
             price - new)) if c.structure == best.label else c for c in self.candidates)
         return s

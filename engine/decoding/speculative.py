@@ -232,8 +232,8 @@ class HierarchicalDecoder:
 
     def _shadow_l0(self, start: int, lookup: list[int]) -> None:
         """Score an n-gram drafter against a cycle it took no part in, for free: what it would have
-        proposed from the sequence's first `start` tokens, checked against the tokens the target emits from there on, in this
-        cycle and the next ones (_settle_shadows). A deterministic draft is accepted exactly when
+        proposed from the sequence's first `start` tokens, checked against the tokens the target
+        emits from there on, in this cycle and the next ones (_settle_shadows). A deterministic draft is accepted exactly when
         the target's own token equals it (under sampling with probability p(x), the chance that
         the emitted sample is x), so its matched prefix is an unbiased draft-only acceptance sample.
         (Checked against this cycle's tokens alone, an ar cycle could confirm one token of it only:
