@@ -1,12 +1,14 @@
 """Draft lengths priced off an L2 check timed in a slow spell get re-timed (size_retime.py): every
 SIZE_RETIME cycles the best other length whose check is stale runs one cycle, each length twice as
 seldom each time. And a choice that stays on its mode keeps its draft length unless another is
-LENGTH_GAIN cheaper; and a runner-up that keeps losing its refresh is refreshed ever more seldom."""
+LENGTH_GAIN cheaper; and a runner-up that keeps losing its refresh is refreshed ever more seldom,
+one whose price goes stale before one whose price keeps current."""
 from __future__ import annotations
 
 import pytest
 
-from engine.decoding.policy import EXPLORE_CYCLES, Policy
+from engine.decoding.lookup_replay import MIN_REPLAY
+from engine.decoding.policy import EXPLORE_CYCLES, REFRESH_MARGIN, Policy
 from engine.decoding.size_retime import LENGTH_GAIN, REFRESH_CYCLES, SIZE_RETIME, check_size
 from engine.decoding.structure import Structure
 from engine.settings import DecodeSettings, Mode
@@ -188,3 +190,25 @@ def test_a_refresh_that_loses_makes_the_next_refresh_of_any_mode_wait_twice_as_l
     # on the old code: at cycles 48, 99, 148, 197, 246 and 343, the three runner-ups in turn
     assert len(starts) == 3 and starts[0] <= REFRESH_CYCLES + 1, away
     assert all(b - a >= 2 * REFRESH_CYCLES for a, b in zip(starts, starts[1:])), away
+
+
+def test_a_refresh_goes_to_a_structure_priced_by_the_model_before_one_priced_by_its_replay():
+    """On ar, the lookups found nothing: replayed, draft-only costs what ar does, the model's
+    cheapest runner-up; retrieval-only, priced by the model a little above it, is within the margin.
+    draft-only's price keeps current while ar runs (its lookups are logged at every position, its
+    checks priced on ar's table), retrieval-only's does not: the refresh runs retrieval-only. (qa 4K,
+    Zen 4: auto refreshed draft-only at cycle 51 and ran ar for two answers at 0.69-0.83x fixed
+    retrieval-only.) Where no structure priced by the model is within the margin, draft-only is."""
+    for l1_share, probed in ((0.8, Mode.RETRIEVAL_ONLY), (1.5, Mode.DRAFT_ONLY)):
+        p = _measured_policy(l0_l2=0.0, l1_l2=0.5, l0_l1=0.0, l1_share=l1_share)
+        p.lookups.settled.extend([(0, 0)] * MIN_REPLAY)  # every lookup empty: a plain step each
+        p._l1_live = True  # (its cache built: an L1 runner-up may be refreshed)
+        ar = Structure(Mode.AR)
+        p.realized(ar, p.seconds_per_token(ar, corrected=False), 1)
+        assert p.choose(AUTO, has_l0=True, context_tokens=8000) == ar
+        replayed = p.seconds_per_token(Structure(Mode.DRAFT_ONLY, 1, AUTO.gamma2), corrected=False)
+        modelled = min(p.seconds_per_token(Structure(Mode.RETRIEVAL_ONLY, 1, g), corrected=False) for g in range(1, 13))
+        assert replayed == pytest.approx(p.seconds_per_token(ar, corrected=False))
+        assert (replayed < modelled <= REFRESH_MARGIN * replayed) is (probed is Mode.RETRIEVAL_ONLY)
+        p._since_refresh, p._settled = REFRESH_CYCLES, False  # a refresh is due at this scoring
+        assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is probed, l1_share

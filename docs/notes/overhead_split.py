@@ -1,7 +1,8 @@
 """Where a decoding cycle's time goes outside the target's forward, per method, at one bench cell:
 the decoder's and the policy's methods wrapped with a perf_counter accumulator (lighter than
 cProfile), methods interleaved answer by answer, ms per cycle printed per piece (medians over the
-answers after a first unmeasured one of each method).
+answers after a first unmeasured one of each method). auto's cycles are listed with what made each
+choice: !x an exploration, !f a refresh of the runner-up, !s a re-time of another draft length, !a ar re-timed.
 Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=. .venv/bin/python \
     docs/notes/overhead_split.py CONTEXT WORKLOAD REPEATS METHOD[,METHOD...]
 e.g. docs/notes/overhead_split.py 1024 continue 6 auto,draft-only (draft-only:6: at gamma1 = 6)
@@ -34,6 +35,7 @@ calls: dict[str, int] = defaultdict(int)
 depth = [0]
 PROFILED = cProfile.Profile() if os.environ.get("PROFILE_POLICY") else None  # set: cProfile the policy's calls
 ran: list[str] = []  # the structures of this answer's cycles
+why = [""]  # what made the policy's last choice: x explore, f refresh, s size re-time, a ar re-time
 
 
 def wrap(owner, name: str, label: str) -> None:
@@ -47,7 +49,9 @@ def wrap(owner, name: str, label: str) -> None:
         try:
             got = inner(*args, **kwargs)
             if label == "_choose":
-                ran.append(got.label.replace("draft-only ", "d").replace("retrieval-only", "r").replace("triforce", "t"))
+                ran.append(got.label.replace("draft-only ", "d").replace("retrieval-only", "r").replace("triforce", "t")
+                           .replace(" ", "") + (f"!{why[0]}" if why[0] else ""))
+                why[0] = ""
             return got
         finally:
             took = time.perf_counter() - t
@@ -61,6 +65,22 @@ def wrap(owner, name: str, label: str) -> None:
     setattr(owner, name, timed)
 
 
+def tag(name: str, reason) -> None:
+    """Policy.`name` marks the choice it belongs to with `reason` (a function of its arguments)."""
+    inner = getattr(Policy, name)
+
+    def tagged(self, *args, **kwargs):
+        mark = reason(*args, **kwargs)
+        if mark and (not why[0] or mark != "a"):  # (a probe after a refresh or size re-time is theirs)
+            why[0] = mark
+        return inner(self, *args, **kwargs)
+    setattr(Policy, name, tagged)
+
+
+tag("_close_explorations", lambda but=None: "x" if but is not None else "")
+tag("refreshed", lambda mode: "f")
+tag("_retime", lambda s: "s")
+tag("_probe", lambda s: "a")
 D = speculative.HierarchicalDecoder
 for owner, name in ((D, "step"), (D, "_choose"), (D, "_verify_l2"), (D, "_log_lookups"), (D, "_settle_shadows"),
                     (D, "_shadow_l0"), (D, "checked"), (D, "timed"), (Policy, "realized"), (Policy, "choose"),

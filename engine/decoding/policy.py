@@ -31,8 +31,9 @@ parts (engine/decoding/realized.py): its wall time against its modelled forwards
 structure (drafting, rollback, rebuilds, Python), and its tokens against E(a, g), per boundary and
 per structure (acceptance that is not i.i.d.). After REFRESH_CYCLES
 cycles the runner-up (within REFRESH_MARGIN; one needing an L1 cache that is not live only where
-building it costs under PROBE_SETUP_STEPS target steps, retrieval_choice.py) runs one cycle, so
-the estimates of a structure left long ago do not go stale. An L1 runner-up runs it with the draft
+building it costs under PROBE_SETUP_STEPS target steps, retrieval_choice.py; one priced by the model
+before ar and a replayed draft-only, whose prices keep current: size_retime.runner_up) runs one
+cycle, so the estimates of a structure left long ago do not go stale. An L1 runner-up runs it with the draft
 its exploration would (the settings' γ2 tokens, fewer where such a check is dear: _explored_at):
 the model's best gammas for it may be short only because its long checks were timed in a slow
 spell and never again (qa 8K: a 7-token check held at 273 ms against 186-200 quiet), and a short
@@ -201,13 +202,11 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
             l1_ok = self._l1_live or self._setup_cheap()  # no dear L1 cache built for one cycle
             others = [(ms, s) for ms, s in scored if (self.current is None or s.mode is not self.current.mode)
                       and (l1_ok or not s.mode.uses_l1) and self.refresh_due(s.mode)]  # (backed off: size_retime.py)
-            if others:  # judged by the model alone: a mode once measured badly must get its chance
-                ms, runner_up = min(((self.seconds_per_token(s, corrected=False), s) for _, s in others),
-                                    key=lambda x: x[0])
-                if ms <= REFRESH_MARGIN * best_ms:  # an L1 one at a long draft, as it was explored:
-                    self._settled = False  # a short one would re-time neither its long checks nor
-                    self.refreshed(runner_up.mode)  # L1's acceptance
-                    return self._probe(self._explored_at(runner_up, settings, remaining))
+            runner_up = self.runner_up(others, REFRESH_MARGIN * best_ms)
+            if runner_up is not None:  # an L1 one at a long draft, as it was explored: a short
+                self._settled = False  # one would re-time neither its long checks nor L1's acceptance
+                self.refreshed(runner_up.mode)
+                return self._probe(self._explored_at(runner_up, settings, remaining))
         incumbent = self.running  # (_ran clears _incumbent below)
         if incumbent is not None and incumbent.mode in modes:
             now = next((ms for ms, s in scored if s.mode is incumbent.mode), None)
