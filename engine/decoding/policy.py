@@ -200,7 +200,7 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
         if self.refresh_time():  # re-measure the runner-up once: estimates of a
             self._since_refresh = 0  # structure left long ago go stale (costs move with the context)
             l1_ok = self._l1_live or self._setup_cheap()  # no dear L1 cache built for one cycle
-            others = [(ms, s) for ms, s in scored if (self.current is None or s.mode is not self.current.mode)
+            others = [s for _, s in scored if (self.current is None or s.mode is not self.current.mode)
                       and (l1_ok or not s.mode.uses_l1) and self.refresh_due(s.mode)]  # (backed off: size_retime.py)
             runner_up = self.runner_up(others, REFRESH_MARGIN * best_ms)
             if runner_up is not None:  # an L1 one at a long draft, as it was explored: a short

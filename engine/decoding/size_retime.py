@@ -104,22 +104,22 @@ class SizeRetimes:
             state.refresh_every = REFRESH_CYCLES if won else min(REFRESH_MAX, 2 * state.refresh_every)
             state.refreshing = None
 
-    def runner_up(self, others: list[tuple[float, Structure]], within: float) -> Structure | None:
-        """The structure to refresh among `others` ((score, structure): the best of each mode that may
-        be refreshed now), or None. Judged by the model alone (a mode once measured badly must get its
+    def runner_up(self, others: list[Structure], within: float) -> Structure | None:
+        """The structure to refresh among `others` (the best of each mode that may be refreshed now),
+        or None. Judged by the model alone (a mode once measured badly must get its
         chance), within `within` seconds per token; a structure whose price goes stale before one
         whose price keeps current whatever runs: ar (re-timed every AR_RETIME cycles) and draft-only
         priced by its replayed lookups (logged at every position, its checks on ar's table) come
         last. (qa 4K, Zen 4: auto, on ar after L1's price rose in a slow first answer, refreshed
         draft-only, the model's runner-up at ar's price, at cycle 51; no L1 structure ran again
         until cycle 147, two answers at 0.69-0.83x fixed retrieval-only.)"""
-        priced = [(self.seconds_per_token(s, corrected=False), s) for _, s in others]
+        priced = [(self.seconds_per_token(s, corrected=False), s) for s in others]
         priced = [(ms, s) for ms, s in priced if ms is not None and ms <= within]
         if not priced:
             return None
-        return min(priced, key=lambda x: (self.keeps_current(x[1].mode), x[0]))[1]
+        return min(priced, key=lambda x: (self._keeps_current(x[1].mode), x[0]))[1]
 
-    def keeps_current(self, mode: Mode) -> bool:
+    def _keeps_current(self, mode: Mode) -> bool:
         """Does `mode`'s price stay current while another mode runs (see runner_up)?"""
         return mode is Mode.AR or (mode is Mode.DRAFT_ONLY and self.lookups.ready())
 
