@@ -163,6 +163,7 @@ def test_auto_logs_a_lookup_at_every_position_and_stays_identical_to_ar(tiny, sa
     session = ChatSession(tiny, AUTO.replace(max_new_tokens=48), draft="ngram", capacity=2048)
     session.decoder.policy.forced = [Structure(Mode.AR), Structure(Mode.DRAFT_ONLY, 3, 1),
                                      Structure(Mode.TRIFORCE, 2, 3), Structure(Mode.DRAFT_ONLY, 6, 1)]
+    script = [s.mode for s in session.decoder.policy.forced]  # (the list rotates as it runs)
     steps, starts, step = [], [], session.decoder.step
 
     def logged_step(seq):
@@ -185,6 +186,11 @@ def test_auto_logs_a_lookup_at_every_position_and_stays_identical_to_ar(tiny, sa
             break  # this one and the later ones still wait for tokens
     log = list(session.decoder.policy.lookups.settled)
     assert len(log) >= 20 and log == expected
+    # each position is tagged with the mode of the cycle that emitted its token (the forced script)
+    emitted_by = {p: script[i % len(script)] for i, (a, b) in enumerate(zip(starts, starts[1:])) for p in range(a, b)}
+    tags = list(session.decoder.policy.lookups.settled.tags)
+    assert tags == [emitted_by[starts[0] + i] for i in range(len(tags))]
+    assert {Mode.AR, Mode.DRAFT_ONLY, Mode.TRIFORCE} <= set(tags)
 
 
 def test_the_draft_length_the_replay_rates_best_changes_seldom_over_three_answers_of_positions():
@@ -211,3 +217,55 @@ def test_the_draft_length_the_replay_rates_best_changes_seldom_over_three_answer
 
     assert REPLAY_POSITIONS >= 3 * 64
     assert 2 * changes(REPLAY_POSITIONS) < changes(64), (changes(REPLAY_POSITIONS), changes(64))
+
+
+def test_a_tagged_replay_walks_each_run_of_one_modes_positions_from_its_first():
+    log = LookupLog()
+    log.settled.extend([(8, 8)] * 3)  # untagged: left out
+    for item in [(8, 2), (8, 0), (0, 0)]:
+        log.settled.append(item, "copy")
+    log.settled.append((8, 8), "other")
+    for item in [(8, 8), (8, 7)]:
+        log.settled.append(item, "copy")
+    cost = lambda n: 0.010 * n  # noqa: E731
+    # run 1 at gamma 4: 5 tokens checked, 2 + 1 kept (the run's end); run 2: 5 checked, 4 + 1 kept
+    assert log.replay_tagged("copy", 4, cost) == (pytest.approx(2 * cost(5)), 3 + 5)
+    assert log.replay_tagged("none", 4, cost) == (0.0, 0)
+
+
+def _triforce_ran_the_copies(tagged: bool) -> Policy:
+    """96 positions that n-gram drafts miss, which draft-only emitted, then 96 of copies that
+    triforce emitted (its L0 and L1 drafts all held there); L1 a little cheaper than L2."""
+    p = Policy()
+    for n in range(1, 14):
+        p.costs.record("l2", n, 0.010 * (1 + 0.2 * (n - 1)))
+        p.costs.record("l1", n, 0.008 * (1 + 0.2 * (n - 1)))
+    for m in Mode:
+        p.tried[m] = EXPLORE_CYCLES
+    copy = [(8, 8), (8, 7), (8, 6), (8, 5), (8, 4), (8, 3), (8, 2), (8, 1)]
+    for item in [(8, 0), (0, 0), (2, 0), (0, 0)] * 24:
+        p.lookups.settled.append(item, Mode.DRAFT_ONLY if tagged else None)
+    for item in copy * 12:
+        p.lookups.settled.append(item, Mode.TRIFORCE if tagged else None)
+    for _ in range(40):
+        p.observe("l0_l1", 4, 4)
+        p.observe("l1_l2", 6, 6)
+    return p
+
+
+def test_triforce_measured_on_the_copies_is_priced_for_text_as_hard_as_the_windows():
+    """triforce's acceptance comes from the stretch it ran, all copies; draft-only's replay covers the
+    whole window, half of it misses. Priced as measured, triforce beats draft-only; priced for the
+    window's text (draft-only's replay there runs ~2x dearer than over triforce's stretch), it
+    does not. (Without the tags nothing tells the stretches apart: the old price.)"""
+    untagged = _triforce_ran_the_copies(tagged=False)
+    assert untagged.choose(AUTO, has_l0=True, context_tokens=4000).mode is Mode.TRIFORCE
+    p = _triforce_ran_the_copies(tagged=True)
+    assert p.choose(AUTO, has_l0=True, context_tokens=4000).mode is Mode.DRAFT_ONLY
+    t = Structure(Mode.TRIFORCE, 4, 6)
+    ratio = p.seconds_per_token(t) / untagged.seconds_per_token(t)
+    assert 1.8 < ratio <= 2.0
+    # the stretches age out of the window: the last factor stays (nothing newer says otherwise)
+    p.lookups.settled.extend([(0, 0)] * REPLAY_POSITIONS)
+    p._memo.clear()
+    assert p.seconds_per_token(t) / untagged.seconds_per_token(t) == pytest.approx(ratio)

@@ -41,14 +41,17 @@ def lookup_outcome(tokens: list[int], seq: list[int], position: int) -> tuple[in
 
 class Window(deque):
     """The settled positions' (offered, matched), the latest REPLAY_POSITIONS of them, counting
-    every position ever appended (`total`), so that a replay can tell which positions are new."""
+    every position ever appended (`total`), so that a replay can tell which positions are new;
+    `tags` holds, position by position, what the caller tagged each with (the mode that emitted it)."""
 
     def __init__(self) -> None:
         super().__init__(maxlen=REPLAY_POSITIONS)
+        self.tags: deque = deque(maxlen=REPLAY_POSITIONS)
         self.total = 0
 
-    def append(self, item: tuple[int, int]) -> None:
+    def append(self, item: tuple[int, int], tag: object = None) -> None:
         super().append(item)
+        self.tags.append(tag)
         self.total += 1
 
     def extend(self, items: Iterable[tuple[int, int]]) -> None:
@@ -121,21 +124,22 @@ class LookupLog:
     def __init__(self) -> None:
         self.settled = Window()
         self._walks: dict[int, Walk] = {}  # draft length -> its replayed cycles
-        self._open: list[tuple[int, list[int]]] = []  # (position of the first guessed token, guesses)
+        self._open: list[tuple[int, list[int], object]] = []  # (position of the first guessed token, guesses, tag)
 
-    def add(self, position: int, tokens: list[int]) -> None:
-        """A lookup at `position` (the sequence held `position` tokens) offered `tokens`."""
-        self._open.append((position, tokens[:LOOKUP_TOKENS]))
+    def add(self, position: int, tokens: list[int], tag: object = None) -> None:
+        """A lookup at `position` (the sequence held `position` tokens) offered `tokens`; `tag`:
+        what emitted the token there (the mode of the cycle), for `replay_tagged`."""
+        self._open.append((position, tokens[:LOOKUP_TOKENS], tag))
 
     def settle(self, seq: list[int]) -> None:
         """`seq` is the sequence as now known: settle the open lookups whose fate it decides, oldest
         first (a later one waits behind an earlier one, so `settled` stays in position order)."""
         done = 0
-        for position, tokens in self._open:
+        for position, tokens, tag in self._open:
             _, matched, settled = lookup_outcome(tokens, seq, position)
             if not settled:
                 break
-            self.settled.append((len(tokens), matched))
+            self.settled.append((len(tokens), matched), tag)
             done += 1
         del self._open[:done]
 
@@ -156,3 +160,20 @@ class LookupLog:
         walk.follow(self.settled, gamma)  # the positions new since the last replay (a few per cycle)
         seconds = sum(count * forward(size) for size, count in walk.checks.items() if count)
         return seconds, walk.tokens, len(walk.cycles)
+
+    def replay_tagged(self, tag: object, gamma: int, forward: Callable[[int], float]) -> tuple[float, int]:
+        """draft-only with draft length `gamma` over only the settled positions tagged `tag`: each
+        run of consecutive ones walked from its first (a cycle may end past the run): (seconds of
+        its forwards, tokens it yields). How hard the stretches that one mode emitted were for
+        n-gram drafts, next to `replay` over the whole window."""
+        history, tags = list(self.settled), list(self.settled.tags)
+        seconds, tokens, at = 0.0, 0, 0
+        while at < len(history):
+            if tags[at] != tag:
+                at += 1
+                continue
+            offered, matched = history[at]
+            checked = offered if offered < gamma else gamma
+            gain = (matched if matched < checked else checked) + 1
+            seconds, tokens, at = seconds + forward(checked + 1), tokens + gain, at + gain
+        return seconds, tokens

@@ -25,6 +25,8 @@ lookup at every position and what of it the target then emitted, and draft-only'
 replayed over the last positions (engine/decoding/lookup_replay.py), exact under greedy. It runs the
 same forwards as ar, so it shares ar's wall/forward ratio (and its cycles re-time ar), and a smaller
 margin (REPLAY_GAIN) decides between the two.
+triforce, whose L1 drafts are its n-gram drafts, is priced for text as hard as the window's: times
+how much dearer that replay runs over the whole window than over the stretches it emitted (_stretch).
 
 The model counts forwards only. What each cycle really took scales its structure's score, in two
 parts (engine/decoding/realized.py): its wall time against its modelled forwards, per mode and per
@@ -133,6 +135,7 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
     novelty: Novelty = field(default_factory=Novelty)  # the share of new tokens L1's vocabulary lacked
     setup_s: float | None = None  # seconds to build the retrieval cache for a prompt (moving average)
     _l1_live: bool = False  # the retrieval cache is built for this turn's prompt (up front, or an L1 structure ran)
+    _stretches: dict = field(default_factory=dict)  # mode -> how much harder the window's text is than its stretches
 
     @property
     def running(self) -> Structure | None:
@@ -326,7 +329,9 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
             return seconds * self._ar_ratio
         if s.mode is Mode.DRAFT_ONLY and corrected and self._replay(s.gamma1) is not None:
             return seconds * (self._ar_ratio or 1.0) / tokens  # the same forwards as ar's, the same overhead
-        return seconds * (self.ratios.ratio(s) if corrected else 1.0) / tokens
+        if not corrected:
+            return seconds / tokens
+        return seconds * self.ratios.ratio(s) * (self._stretch(s.mode) if s.mode is Mode.TRIFORCE else 1.0) / tokens
 
     def cycle_cost(self, s: Structure) -> tuple[float, float] | None:
         """(seconds of the forwards one cycle of `s` runs, tokens it yields), from the timed levels."""

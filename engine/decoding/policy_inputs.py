@@ -7,6 +7,9 @@ from engine.decoding.measurements import Acceptance
 from engine.offload.cost import expected_tokens
 
 PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
+STRETCH_GAMMA = 4  # the draft length that rates how hard a stretch of text is for n-gram drafts ...
+MIN_STRETCH = 16  # ... once a mode's stretches in the window yield this many replayed tokens
+STRETCH_BOUNDS = (0.5, 2.0)
 
 
 class CostInputs:
@@ -67,6 +70,26 @@ class CostInputs:
         key = ("replay", gamma)
         if key not in self._memo:
             self._memo[key] = self.lookups.replay(gamma, lambda n: self._c("l2", n))  # (callers checked c2(1))
+        return self._memo[key]
+
+    def _stretch(self, mode) -> float:
+        """How much dearer draft-only's replay runs over the whole window than over the stretches
+        `mode`'s cycles emitted (STRETCH_BOUNDS; the last value while those stretches are too few,
+        1 before any): triforce's L1 drafts are its n-gram drafts, so its measured acceptance and
+        time per token come from the stretches it ran, and its price, scaled by this, is for text
+        as hard as the window's. (continue 8K, Zen 4: explored after draft-only, it ran the
+        answer's tail, copies 8 of 8 a cycle, and its price of 11.6 ms/token beat draft-only's
+        13.5, replayed over the whole answer with its hard opening; the next answer opened on it,
+        142-153 ms for 3 tokens, where fixed draft-only took 37 for 2.)"""
+        key = ("stretch", mode)
+        if key not in self._memo:
+            whole = self._replay(STRETCH_GAMMA) if self._c("l2", 1) is not None else None
+            if whole is not None and whole[1]:
+                seconds, tokens = self.lookups.replay_tagged(mode, STRETCH_GAMMA, lambda n: self._c("l2", n))
+                if tokens >= MIN_STRETCH and seconds > 0:
+                    low, high = STRETCH_BOUNDS
+                    self._stretches[mode] = min(high, max(low, (whole[0] / whole[1]) / (seconds / tokens)))
+            self._memo[key] = self._stretches.get(mode, 1.0)
         return self._memo[key]
 
     def _hit(self) -> float:

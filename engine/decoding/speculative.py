@@ -272,7 +272,7 @@ class HierarchicalDecoder:
         log = self.policy.lookups
         lookups = self.drafter.propose_each(known, start, LOOKUP_TOKENS)  # [tokens emitted] lists
         for offset, tokens in enumerate(lookups):
-            log.add(start + offset, tokens)
+            log.add(start + offset, tokens, self.structure.mode if self.structure is not None else None)
         log.settle(known)
         return lookups[0] if lookups else None
 
