@@ -329,9 +329,8 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
             return seconds * self._ar_ratio
         if s.mode is Mode.DRAFT_ONLY and corrected and self._replay(s.gamma1) is not None:
             return seconds * (self._ar_ratio or 1.0) / tokens  # the same forwards as ar's, the same overhead
-        if not corrected:
-            return seconds / tokens
-        return seconds * self.ratios.ratio(s) * (self._stretch(s.mode) if s.mode is Mode.TRIFORCE else 1.0) / tokens
+        stretch = self._stretch(s.mode) if s.mode is Mode.TRIFORCE else 1.0  # (the model's inputs, corrected or not)
+        return seconds * (self.ratios.ratio(s) if corrected else 1.0) * stretch / tokens
 
     def cycle_cost(self, s: Structure) -> tuple[float, float] | None:
         """(seconds of the forwards one cycle of `s` runs, tokens it yields), from the timed levels."""

@@ -8,7 +8,7 @@ from engine.offload.cost import expected_tokens
 
 PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
 STRETCH_GAMMA = 4  # the draft length that rates how hard a stretch of text is for n-gram drafts ...
-MIN_STRETCH = 16  # ... once a mode's stretches in the window yield this many replayed tokens
+MIN_STRETCH = 8  # ... once a mode's stretches in the window yield this many replayed tokens (one long cycle)
 STRETCH_BOUNDS = (0.5, 2.0)
 
 
