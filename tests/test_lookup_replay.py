@@ -267,7 +267,7 @@ def test_triforce_measured_on_the_copies_is_priced_for_text_as_hard_as_the_windo
     assert 1.8 < ratio <= 2.0
     # the refresh judges by the model alone, its realized ratios left out, but on these inputs too:
     # at continue 1K (Zen 4) triforce, its stretches 1.4x easier than the window, was refreshed at
-    # ~cycle 48, 56-66 ms for 7-8 tokens where draft-only yields 5 in ~20
+    # ~cycle 48, 61-79 ms for 7-8 tokens where draft-only yields 5 in ~20
     ms, best = p._best_of(Mode.TRIFORCE, AUTO)
     plain = untagged.seconds_per_token(best, corrected=False)
     assert p.seconds_per_token(best, corrected=False) == pytest.approx(ratio * plain)

@@ -109,7 +109,7 @@ class SizeRetimes:
         or None. Judged by the model alone (a mode once measured badly must get its
         chance; triforce's price still read for the window's text, policy_inputs._stretch: at
         continue 1K its stretches ran 1.4x easier than the window's, and a refresh cost its answer
-        ~20 %), within `within` seconds per token; a structure whose price goes stale before one
+        12-30 %), within `within` seconds per token; a structure whose price goes stale before one
         whose price keeps current whatever runs: ar (re-timed every AR_RETIME cycles) and draft-only
         priced by its replayed lookups (logged at every position, its checks on ar's table) come
         last. (qa 4K, Zen 4: auto, on ar after L1's price rose in a slow first answer, refreshed
