@@ -39,6 +39,13 @@ def lookup_outcome(tokens: list[int], seq: list[int], position: int) -> tuple[in
     return len(known), matched, matched < len(known) or len(known) == len(tokens)
 
 
+def draft_cycle(offered: int, matched: int, gamma: int) -> tuple[int, int]:
+    """One replayed draft-only cycle at a position whose lookup offered `offered` tokens, `matched`
+    of them right: (tokens its L2 forward checks, tokens it yields)."""
+    checked = offered if offered < gamma else gamma
+    return checked + 1, (matched if matched < checked else checked) + 1
+
+
 class Window(deque):
     """The settled positions' (offered, matched), the latest REPLAY_POSITIONS of them, counting
     every position ever appended (`total`), so that a replay can tell which positions are new;
@@ -83,9 +90,7 @@ class Walk:
         front = history.total - len(history)  # the window's first position (absolute)
 
         def cycle(at: int) -> tuple[int, int, int]:  # the cycle that starts at `at`
-            offered, matched = history[at - front]
-            checked = offered if offered < gamma else gamma
-            return at, checked + 1, (matched if matched < checked else checked) + 1
+            return (at, *draft_cycle(*history[at - front], gamma))
 
         def pop_first() -> None:
             _, size, gain = self.cycles.popleft()
@@ -172,8 +177,6 @@ class LookupLog:
             if tags[at] != tag:
                 at += 1
                 continue
-            offered, matched = history[at]
-            checked = offered if offered < gamma else gamma
-            gain = (matched if matched < checked else checked) + 1
-            seconds, tokens, at = seconds + forward(checked + 1), tokens + gain, at + gain
+            size, gain = draft_cycle(*history[at], gamma)
+            seconds, tokens, at = seconds + forward(size), tokens + gain, at + gain
         return seconds, tokens

@@ -271,8 +271,9 @@ class HierarchicalDecoder:
             return None
         log = self.policy.lookups
         lookups = self.drafter.propose_each(known, start, LOOKUP_TOKENS)  # [tokens emitted] lists
+        emitted_by = self.structure.mode  # (set by this cycle's step)
         for offset, tokens in enumerate(lookups):
-            log.add(start + offset, tokens, self.structure.mode if self.structure is not None else None)
+            log.add(start + offset, tokens, emitted_by)
         log.settle(known)
         return lookups[0] if lookups else None
 
