@@ -55,13 +55,17 @@ def test_the_replay_runs_draft_only_cycle_by_cycle_over_the_logged_positions():
     assert (t1, c1) == (16, 3 + 4 + 6) and s1 == pytest.approx(9 * cost(2) + 4 * cost(1))
 
 
-def _replayed_from_scratch(history: list[tuple[int, int]], gamma: int, forward) -> tuple[float, int, int]:
-    """draft-only over `history`, walked from its first position (what LookupLog.replay keeps)."""
+def _replayed_from_scratch(history: list[tuple[int, int]], gamma: int, forward,
+                           after_full: int = 0) -> tuple[float, int, int]:
+    """draft-only over `history`, walked from its first position (what LookupLog.replay keeps):
+    `after_full` tokens drafted right after a cycle that kept its whole draft (0: `gamma` always)."""
     i = seconds = tokens = cycles = 0
+    whole = False
     while i < len(history):
         offered, matched = history[i]
-        checked = min(offered, gamma)
+        checked = min(offered, after_full if whole and after_full else gamma)
         got = min(matched, checked) + 1
+        whole = checked > 0 and got == checked + 1
         seconds, tokens, cycles, i = seconds + forward(checked + 1), tokens + got, cycles + 1, i + got
     return seconds, tokens, cycles
 
@@ -78,14 +82,29 @@ def test_the_replay_kept_between_calls_equals_a_walk_from_the_window_start():
             log.settled.append((offered, rng.randint(0, offered) if rng.random() < 0.5 else offered))
         if step % 3:  # not every length is replayed at every step: some walks catch up on many positions
             continue
-        for gamma in range(1, LOOKUP_TOKENS + 1):
-            got = log.replay(gamma, cost)
+        rules = [(g, 0) for g in range(1, LOOKUP_TOKENS + 1)] + [(1, 6), (3, 8), (2, 2), (6, 2)]
+        for gamma, after_full in rules:  # single lengths, and rules whose cycles depend on the last
+            got = log.replay(gamma, cost, after_full)
             if got is None:
                 assert len(log.settled) < MIN_REPLAY
                 continue
-            seconds, tokens, cycles = _replayed_from_scratch(list(log.settled), gamma, cost)
+            seconds, tokens, cycles = _replayed_from_scratch(list(log.settled), gamma, cost, after_full)
             assert got[1:] == (tokens, cycles) and got[0] == pytest.approx(seconds)
     assert log.settled.total > 3 * REPLAY_POSITIONS  # the window slid many times
+
+
+def test_a_rule_drafts_its_long_length_only_right_after_a_cycle_that_kept_its_whole_draft():
+    """(1, 6): a one-token draft, six right after a draft kept whole. Positions: a 1-token draft kept
+    (yields 2), then six kept (yields 7), then a miss at once, then 1 drafted again."""
+    log = LookupLog()
+    log.settled.extend([(8, 8), (8, 7), (8, 8), (8, 8), (8, 8), (8, 8), (8, 8), (8, 8), (8, 8), (8, 0),
+                        (8, 8), (8, 8)] + [(0, 0)] * 4)
+    cost = lambda n: 0.010 + 0.002 * n  # noqa: E731
+    seconds, tokens, cycles = log.replay(1, cost, after_full=6)
+    # cycle at 0: 1 drafted, kept (2 tokens) -> at 2: 6 drafted, kept (7) -> at 9: 6 drafted, none
+    # kept (1) -> at 10: 1 drafted, kept (2) -> at 12: four plain steps
+    assert (tokens, cycles) == (16, 8)
+    assert seconds == pytest.approx(2 * cost(2) + 2 * cost(7) + 4 * cost(1))
 
 
 def test_no_replay_before_enough_positions_are_settled():

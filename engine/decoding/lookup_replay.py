@@ -10,6 +10,11 @@ of the target's, and the next cycle starts after them. The forwards' seconds com
 step costs. Under sampling a deterministic draft token is kept exactly when the target's sample
 equals it, so the replay is a sample of the same distribution.
 
+A draft-length rule is replayed the same way: (γ, γ after a full draft) drafts γ tokens, or the
+second length right after a cycle that kept its whole draft (n-gram drafts hold or fail in stretches:
+a draft kept whole says the text is copying). Over the bench's answers (docs/notes/cpu-speed.md)
+it replayed 6-7 % cheaper than the best single length at continue 1K and 8K.
+
 This replaces a geometric acceptance model for draft-only. That model treats tokens as independent,
 but n-gram drafts hold or fail in stretches: at continue 2K on the Sapphire Rapids machine (trace of
 2026-12-02), auto priced draft-only at 28 ms/token against ar's 22 while fixed draft-only ran at 21.
@@ -46,6 +51,18 @@ def draft_cycle(offered: int, matched: int, gamma: int) -> tuple[int, int]:
     return checked + 1, (matched if matched < checked else checked) + 1
 
 
+def kept_whole(checked: int, gain: int) -> bool:
+    """Did a draft-only cycle that checked `checked` tokens and yielded `gain` keep a whole draft
+    (at least one drafted token, all of them accepted)?"""
+    return checked > 1 and gain == checked
+
+
+def rule_length(gamma: int, after_full: int, full: bool) -> int:
+    """The draft length of a cycle under the rule (`gamma`, `after_full`): `after_full` right after
+    a cycle that kept its whole draft (`full`), else `gamma` (`after_full` 0: always `gamma`)."""
+    return after_full if full and after_full else gamma
+
+
 class Window(deque):
     """The settled positions' (offered, matched), the latest REPLAY_POSITIONS of them, counting
     every position ever appended (`total`), so that a replay can tell which positions are new;
@@ -68,58 +85,67 @@ class Window(deque):
 
 @dataclass
 class Walk:
-    """One draft length's replayed cycles over the window, kept between replays: the cycles run
+    """One draft-length rule's replayed cycles over the window, kept between replays: the cycles run
     over positions that stay in the window do not change, so each replay walks only the positions
-    new at the window's end and, where the window's start moved, until that walk meets the old one."""
+    new at the window's end and, where the window's start moved, until that walk meets the old one
+    (at the same position, entered in the same state: whether the cycle before kept its whole draft)."""
 
-    cycles: deque[tuple[int, int, int]] = field(default_factory=deque)  # (first position (absolute),
-    # tokens checked, tokens yielded) per cycle, in order
+    gamma: int = 1
+    after_full: int = 0  # the draft length right after a cycle that kept its whole draft (0: gamma)
+    cycles: deque[tuple[int, int, int, bool]] = field(default_factory=deque)  # (first position
+    # (absolute), tokens checked, tokens yielded, entered after a whole draft) per cycle, in order
     checks: dict[int, int] = field(default_factory=dict)  # tokens checked -> cycles that check that many
     tokens: int = 0
     after: int = 0  # the position after the last cycle (absolute)
+    full: bool = False  # the last cycle kept its whole draft
     seen: int = -1  # the window's `total` when last followed
 
     def _count(self, size: int, gain: int, sign: int) -> None:
         self.checks[size] = self.checks.get(size, 0) + sign
         self.tokens += sign * gain
 
-    def follow(self, history: Window, gamma: int) -> None:
+    def _state(self, full: bool) -> bool:
+        """The state a cycle is entered in, as far as the rule reads it (a single length reads none)."""
+        return full and self.after_full not in (0, self.gamma)
+
+    def follow(self, history: Window) -> None:
         """Bring the walk up to the window `history`."""
         if self.seen == history.total:
             return
         front = history.total - len(history)  # the window's first position (absolute)
 
-        def cycle(at: int) -> tuple[int, int, int]:  # the cycle that starts at `at`
-            return (at, *draft_cycle(*history[at - front], gamma))
+        def cycle(at: int, full: bool) -> tuple[int, int, int, bool]:  # the cycle that starts at `at`
+            entered = self._state(full)
+            return (at, *draft_cycle(*history[at - front], rule_length(self.gamma, self.after_full, entered)), entered)
 
         def pop_first() -> None:
-            _, size, gain = self.cycles.popleft()
+            _, size, gain, _ = self.cycles.popleft()
             self._count(size, gain, -1)
 
         while self.cycles and self.cycles[0][0] < front:  # cycles from before the window's start
             pop_first()
         if not self.cycles:
-            self.after = front
+            self.after, self.full = front, False
         else:  # walk from the new start until it meets the old walk (then they coincide)
-            at, head = front, []
-            while self.cycles and at != self.cycles[0][0]:
-                if at > self.cycles[0][0]:
+            at, full, head = front, False, []
+            while self.cycles and (at, self._state(full)) != (self.cycles[0][0], self.cycles[0][3]):
+                if at >= self.cycles[0][0]:
                     pop_first()
                     continue
-                head.append(cycle(at))
-                at += head[-1][2]
+                head.append(cycle(at, full))
+                at, full = at + head[-1][2], kept_whole(head[-1][1], head[-1][2])
             if not self.cycles:
-                self.after = at
+                self.after, self.full = at, full
             for c in reversed(head):
                 self.cycles.appendleft(c)
                 self._count(c[1], c[2], 1)
-        at = self.after
+        at, full = self.after, self.full
         while at < history.total:
-            c = cycle(at)
+            c = cycle(at, full)
             self.cycles.append(c)
             self._count(c[1], c[2], 1)
-            at += c[2]
-        self.after, self.seen = at, history.total
+            at, full = at + c[2], kept_whole(c[1], c[2])
+        self.after, self.full, self.seen = at, full, history.total
 
 
 class LookupLog:
@@ -128,7 +154,7 @@ class LookupLog:
 
     def __init__(self) -> None:
         self.settled = Window()
-        self._walks: dict[int, Walk] = {}  # draft length -> its replayed cycles
+        self._walks: dict[tuple[int, int], Walk] = {}  # (draft length, after a whole draft) -> its cycles
         self._open: list[tuple[int, list[int], object]] = []  # (position of the first guessed token, guesses, tag)
 
     def add(self, position: int, tokens: list[int], tag: object = None) -> None:
@@ -155,14 +181,16 @@ class LookupLog:
     def ready(self) -> bool:
         return len(self.settled) >= MIN_REPLAY
 
-    def replay(self, gamma: int, forward: Callable[[int], float]) -> tuple[float, int, int] | None:
-        """draft-only with draft length `gamma` over the settled positions: (seconds of its L2
-        forwards, `forward(n)` being one checking n tokens; tokens it yields; cycles), or None when
-        too few positions are settled."""
+    def replay(self, gamma: int, forward: Callable[[int], float],
+               after_full: int = 0) -> tuple[float, int, int] | None:
+        """draft-only with draft length `gamma` (`after_full` right after a cycle that kept its
+        whole draft; 0: always `gamma`) over the settled positions: (seconds of its L2 forwards,
+        `forward(n)` being one checking n tokens; tokens it yields; cycles), or None when too few
+        positions are settled."""
         if not self.ready():
             return None
-        walk = self._walks.setdefault(gamma, Walk())
-        walk.follow(self.settled, gamma)  # the positions new since the last replay (a few per cycle)
+        walk = self._walks.setdefault((gamma, after_full), Walk(gamma, after_full))
+        walk.follow(self.settled)  # the positions new since the last replay (a few per cycle)
         seconds = sum(count * forward(size) for size, count in walk.checks.items() if count)
         return seconds, walk.tokens, len(walk.cycles)
 

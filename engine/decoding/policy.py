@@ -24,7 +24,8 @@ With an n-gram drafter, draft-only is not priced by that acceptance model: the d
 lookup at every position and what of it the target then emitted, and draft-only's forwards are
 replayed over the last positions (engine/decoding/lookup_replay.py), exact under greedy. It runs the
 same forwards as ar, so it shares ar's wall/forward ratio (and its cycles re-time ar), and a smaller
-margin (REPLAY_GAIN) decides between the two.
+margin (REPLAY_GAIN) decides between the two. The replay also prices rules that draft longer right
+after a draft kept whole (size_retime.draft_rules: 1/6 ran 1.06x γ1 = 3 at continue 8K, paired).
 triforce, whose L1 drafts are its n-gram drafts, is priced for text as hard as the window's: times
 how much dearer that replay runs over the whole window than over the stretches it emitted (_stretch).
 
@@ -71,7 +72,7 @@ from engine.decoding.measurements import Acceptance, Novelty, StepCosts
 from engine.decoding.policy_inputs import CostInputs
 from engine.decoding.realized import OUTLIER, Realized, settle
 from engine.decoding.retrieval_choice import RetrievalChoices
-from engine.decoding.size_retime import SizeRetimes, SizeRetimeState
+from engine.decoding.size_retime import SizeRetimes, SizeRetimeState, draft_rules
 from engine.decoding.structure import Structure
 from engine.events import CandidateCost
 from engine.settings import MAX_DRAFT, DecodeSettings, Mode
@@ -327,7 +328,7 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
         seconds, tokens = cycle
         if s.mode is Mode.AR and corrected and self._ar_ratio is not None:
             return seconds * self._ar_ratio
-        if s.mode is Mode.DRAFT_ONLY and corrected and self._replay(s.gamma1) is not None:
+        if s.mode is Mode.DRAFT_ONLY and corrected and self._replay(s.gamma1, s.after_full) is not None:
             return seconds * (self._ar_ratio or 1.0) / tokens  # the same forwards as ar's, the same overhead
         stretch = self._stretch(s.mode) if s.mode is Mode.TRIFORCE else 1.0  # (the model's inputs, corrected or not)
         return seconds * (self.ratios.ratio(s) if corrected else 1.0) * stretch / tokens
@@ -341,7 +342,7 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
             return c2(1), 1.0
         h = self._hit()
         if s.mode is Mode.DRAFT_ONLY:
-            replayed = self._replay(s.gamma1)
+            replayed = self._replay(s.gamma1, s.after_full)
             if replayed is not None:
                 seconds, tokens, cycles = replayed
                 return seconds / cycles, tokens / cycles
@@ -405,17 +406,19 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
         if s.mode is Mode.AR:
             return True
         if s.mode is Mode.DRAFT_ONLY:
-            return s.gamma1 + 1 <= l2 + GROW
+            return s.longest_draft + 1 <= l2 + GROW
         if s.mode is Mode.RETRIEVAL_ONLY:
             return s.gamma2 + 1 <= l2 + GROW
         return s.gamma2 + 1 <= l2 + GROW and s.gamma1 + 1 <= l1 + GROW
 
     def _lengths(self, s: Structure) -> list[Structure]:
-        """`s`'s mode at each draft length auto weighs for the L2 check (draft-only: γ1; retrieval-only
-        and triforce: γ2, the other as `s`'s)."""
+        """`s`'s mode at each draft length auto weighs for the L2 check (draft-only: γ1, and the
+        rules that draft longer right after a draft kept whole once the replay prices them:
+        size_retime.draft_rules; retrieval-only and triforce: γ2, the other as `s`'s)."""
         if s.mode is Mode.DRAFT_ONLY:
-            longest = LOOKUP_TOKENS if self.lookups.ready() else min(MAX_DRAFT, 2 * MAX_GAMMA1)
-            return [Structure(s.mode, g, s.gamma2) for g in range(1, longest + 1)]
+            if self.lookups.ready():
+                return [Structure(s.mode, g, s.gamma2) for g in range(1, LOOKUP_TOKENS + 1)] + draft_rules(s)
+            return [Structure(s.mode, g, s.gamma2) for g in range(1, min(MAX_DRAFT, 2 * MAX_GAMMA1) + 1)]
         return [Structure(s.mode, s.gamma1, g) for g in range(1, MAX_GAMMA2 + 1)]
 
     def _best_of(self, mode: Mode, settings: DecodeSettings) -> tuple[float | None, Structure]:

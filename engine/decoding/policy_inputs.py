@@ -65,11 +65,12 @@ class CostInputs:
             return expected_tokens(self._rate(boundary), gamma)
         return measured.expected(gamma, scale)
 
-    def _replay(self, gamma: int) -> tuple[float, int, int] | None:
-        """draft-only's forwards replayed over the logged lookups (engine/decoding/lookup_replay.py)."""
-        key = ("replay", gamma)
-        if key not in self._memo:
-            self._memo[key] = self.lookups.replay(gamma, lambda n: self._c("l2", n))  # (callers checked c2(1))
+    def _replay(self, gamma: int, after_full: int = 0) -> tuple[float, int, int] | None:
+        """draft-only's forwards replayed over the logged lookups (engine/decoding/lookup_replay.py),
+        drafting `gamma` tokens (`after_full` right after a draft kept whole; 0: `gamma` always)."""
+        key = ("replay", gamma, after_full)
+        if key not in self._memo:  # (callers checked c2(1))
+            self._memo[key] = self.lookups.replay(gamma, lambda n: self._c("l2", n), after_full)
         return self._memo[key]
 
     def _stretch(self, mode) -> float:

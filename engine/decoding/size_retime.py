@@ -44,6 +44,18 @@ UNTIMED_SPACING = 4  # ... and the best length by a stale price at most once in 
 LENGTH_GAIN = 0.96  # the model's best draft length replaces the settings' (or the running one) at <= 96 %
 
 
+# draft-only rules auto weighs beside the single lengths: γ1 in RULE_SHORT, RULE_LONG right after a
+# cycle that kept its whole draft (replayed on the bench's answers: continue 1K γ1 = 3/6 at 0.94x the
+# best single length, 2K 2/8 at 0.98x, 8K 1/6 at 0.93x; qa and continue 4K: a single length best)
+RULE_SHORT = range(1, 6)
+RULE_LONG = (6, 8)
+
+
+def draft_rules(s: Structure) -> list[Structure]:
+    """The draft-only rules (γ1 then a longer draft after one kept whole), `s`'s γ2 kept."""
+    return [Structure(s.mode, short, s.gamma2, long) for short in RULE_SHORT for long in RULE_LONG]
+
+
 def due(waits: dict, key, now: int) -> bool:
     """Has `key`'s wait in `waits` (key -> (cycle it may come next, its wait)) run out by cycle `now`?"""
     return now >= waits.get(key, (0, 0))[0]
@@ -57,7 +69,7 @@ def wait_twice(waits: dict, key, now: int, first: int) -> None:
 
 def check_size(s: Structure) -> int:
     """The most tokens one L2 check of `s` verifies (its draft and the bonus token)."""
-    return 1 if s.mode is Mode.AR else (s.gamma1 if s.mode is Mode.DRAFT_ONLY else s.gamma2) + 1
+    return 1 if s.mode is Mode.AR else (s.longest_draft if s.mode is Mode.DRAFT_ONLY else s.gamma2) + 1
 
 
 @dataclass
@@ -138,9 +150,9 @@ class SizeRetimes:
             return best
         l2 = self.costs.largest("l2")
         l1 = self.costs.largest("l1") or l2
-        if not self.costs.fresh("l2", check_size(best)):
+        if not self._checks_fresh(best):
             timed = [(self.seconds_per_token(s), s) for s in self._lengths(best)
-                     if self.costs.fresh("l2", check_size(s)) and self._within_measured(s, l2, l1)]
+                     if self._checks_fresh(s) and self._within_measured(s, l2, l1)]
             timed = [(ms, s) for ms, s in timed if ms is not None]
             if timed:
                 price, stand_in = min(timed, key=lambda x: x[0])
@@ -155,6 +167,10 @@ class SizeRetimes:
                 if price is not None and new > LENGTH_GAIN * price:
                     return self._shown_as(best, new, s, price)
         return best
+
+    def _checks_fresh(self, s: Structure) -> bool:
+        """Were the L2 checks `s` runs (a rule: both its lengths') timed in L2's last STALE forwards?"""
+        return self.costs.fresh("l2", check_size(s)) and (not s.after_full or self.costs.fresh("l2", s.gamma1 + 1))
 
     def _shown_as(self, best: Structure, new: float, s: Structure, price: float) -> Structure:
         """`s` (at `price` s/token) runs in `best`'s place (at `new`): the weighed list (--stats, the
@@ -172,7 +188,7 @@ class SizeRetimes:
             won = check_size(incumbent) == check_size(state.probed)  # (the choice after the re-time)
             state.every = SIZE_RETIME if won else min(SIZE_RETIME_MAX, 2 * state.every)
             state.probed = None
-        waiting = state.untimed_best
+        waiting = state.untimed_best and self._stale_part(state.untimed_best)
         if (waiting is not None and waiting.mode is incumbent.mode and state.since >= UNTIMED_SPACING
                 and due(state.next_at, (waiting.mode, check_size(waiting)), self._cycles)):
             return self._retime(waiting)  # the best length by a stale price: its check timed first
@@ -186,7 +202,7 @@ class SizeRetimes:
         best: tuple[float, Structure] | None = None
         for s in self._lengths(incumbent):
             size = check_size(s)
-            if (size == check_size(incumbent) or self.costs.fresh("l2", size)
+            if (s.after_full or size == check_size(incumbent) or self.costs.fresh("l2", size)
                     or not due(state.next_at, (s.mode, size), self._cycles)
                     or not self._within_measured(s, l2, l1)):
                 continue
@@ -198,9 +214,19 @@ class SizeRetimes:
                 best = (hoped, s)
         return None if best is None else self._retime(best[1])
 
+    def _stale_part(self, s: Structure) -> Structure:
+        """What times `s`'s stale check in one cycle: `s`, or for a rule (whose long draft may not
+        come in that cycle) its longer length if that check is stale, else its shorter one."""
+        if not s.after_full:
+            return s
+        long = self.costs.fresh("l2", s.longest_draft + 1)
+        return Structure(s.mode, s.gamma1 if long else s.longest_draft, s.gamma2)
+
     def _retime(self, s: Structure) -> Structure:
-        """Run `s` for one cycle to time its check; its check size waits twice as long for the next."""
+        """Run `s` (a rule: the length with its stale check) for one cycle to time its check; its
+        check size waits twice as long for the next."""
         state = self._sizes
+        s = self._stale_part(s)
         wait_twice(state.next_at, (s.mode, check_size(s)), self._cycles, SIZE_RETIME // 2)
         state.since, state.probed, state.untimed_best = 0, s, None
         return s

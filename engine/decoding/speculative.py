@@ -18,7 +18,7 @@ import torch
 
 from engine.decoding.acceptance import penalty_counts, verify
 from engine.decoding.drafters import Draft, Drafter, NgramDrafter, NoDrafter, RetrievalDrafter, l0_draft
-from engine.decoding.lookup_replay import LOOKUP_TOKENS, lookup_outcome
+from engine.decoding.lookup_replay import LOOKUP_TOKENS, kept_whole, lookup_outcome, rule_length
 from engine.decoding.measurements import StepCosts
 from engine.decoding.policy import Policy
 from engine.decoding.structure import Structure
@@ -92,6 +92,7 @@ class HierarchicalDecoder:
         self.l1_verify = verify  # the acceptance rule at L1 (tests swap in a known-buggy variant)
         self.answer_start: int | None = None  # seq[answer_start:] is the answer (the repetition penalty counts it)
         self._shadows: list[tuple[int, list[int], int]] = []  # open shadow drafts: (start, tokens, matched so far)
+        self._kept_whole = False  # the last cycle was draft-only and kept its whole draft
 
     # --- retrieval cache management ------------------------------------------------------------
     def budget(self) -> int:
@@ -108,6 +109,7 @@ class HierarchicalDecoder:
         self._recent_l2.clear()
         self.answer_start = self.full.length  # the cache holds the prompt: the answer starts after it
         self._close_shadows()  # (the last answer's: its tokens are all known by now)
+        self._kept_whole = False
         self.policy.lookups.close()
         self.policy.new_turn()
         if self._policy_learns():  # each turn: the budget from what the last turns measured
@@ -162,8 +164,8 @@ class HierarchicalDecoder:
         """The drafter for L2, how many tokens it drafts, and the boundary its acceptance counts at."""
         if st.mode is Mode.AR:
             return None, 0, ""
-        if st.mode is Mode.DRAFT_ONLY:
-            return self.drafter, st.gamma1, "l0_l2"
+        if st.mode is Mode.DRAFT_ONLY:  # (auto's rules draft longer right after a draft kept whole)
+            return self.drafter, rule_length(st.gamma1, st.after_full, self._kept_whole), "l0_l2"
         inner = self.drafter if st.mode is Mode.TRIFORCE else NoDrafter()
         l1 = RetrievalDrafter(self.runner, self._ensure_retrieval, inner, st.gamma1, self, self.l1_verify, self.l1_vocab)
         return l1, st.gamma2, "l1_l2"
@@ -195,6 +197,7 @@ class HierarchicalDecoder:
                 lookup = time.perf_counter() - t0
         out = self._verify_l2(seq, draft)
         accepted = len(out) - 1
+        self._kept_whole = boundary == "l0_l2" and kept_whole(len(draft.tokens) + 1, len(out))
         if boundary:
             self.checked(boundary, len(draft.tokens), accepted, self._vocab_miss(boundary, draft, out))
         if boundary == "l1_l2":
