@@ -45,7 +45,7 @@ probe would re-time neither them nor L1's acceptance on a long draft (qa 1K: aut
 retrieval-only at γ2 = 6, paired). Every SIZE_RETIME cycles another draft length of the running
 mode whose L2 check sat untimed runs one cycle where it would win were that check to cost what the
 fresh sizes say (size_retime.py): a check timed once in a slow spell priced its length out for good.
-A choice runs the settings' draft length (or the running one) unless another is LENGTH_GAIN cheaper.
+A choice runs the running draft length (or the settings') unless another is LENGTH_GAIN cheaper.
 
 ar is priced at its forward's quiet cost (StepCosts) times a ratio of its cycles' wall time to that
 cost which believes a faster cycle mostly at once and a slower one only a little (noise on a shared

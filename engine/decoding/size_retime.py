@@ -24,11 +24,14 @@ continue 1K, where the fixed mode runs at 3x its ms/token: every 48 cycles one t
 49-69 ms for 7-8 tokens that draft-only yields in ~30-35 (Zen 4).
 
 Near the best draft length the model's predictions differ by a few per cent, as little as the
-step-cost table's own noise, so a choice runs the settings' length unless the model's best is
-LENGTH_GAIN cheaper, or else the length it is running under the same test (`kept_length`). At
+step-cost table's own noise, so a choice runs the length it is running unless the model's best is
+LENGTH_GAIN cheaper, or else the settings' length under the same test (`kept_length`). At
 continue 1K on a Zen 4, where fixed draft-only held γ1 = 4, auto moved among γ1 = 3-8 as stale
 checks' prices drifted (a 5-token check priced 21.2 ms against 18.9-19.4 timed made γ1 = 6 look
-4.6 % cheaper, and it ran at 1.07x γ1 = 4's ms/token)."""
+4.6 % cheaper, and it ran at 1.07x γ1 = 4's ms/token); lengths are weighed at fresh prices since.
+The settings' length came first until the fortieth pass: a draft rule (draft_rules) that replayed
+3-10 % cheaper than γ1 = 4 at continue 1K ran an answer or two, then gave way to γ1 = 4 in a
+scoring where it read 3 % (forced, it ran 1.017x fixed draft-only paired, γ1 = 4 0.983x)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -41,7 +44,7 @@ REFRESH_MAX = 768  # ... at least one in 768
 SIZE_RETIME = 16  # on one structure, one cycle in 16 may re-time another draft length's L2 check ...
 SIZE_RETIME_MAX = 512  # ... one in up to 512 once re-times keep losing
 UNTIMED_SPACING = 4  # ... and the best length by a stale price at most once in 4 (each length ever more seldom)
-LENGTH_GAIN = 0.96  # the model's best draft length replaces the settings' (or the running one) at <= 96 %
+LENGTH_GAIN = 0.96  # the model's best draft length replaces the running one (or the settings') at <= 96 %
 
 
 # draft-only rules auto weighs beside the single lengths: γ1 in RULE_SHORT, RULE_LONG right after a
@@ -138,9 +141,9 @@ class SizeRetimes:
         return mode is Mode.AR or (mode is Mode.DRAFT_ONLY and self.lookups.ready())
 
     def kept_length(self, best: Structure, incumbent: Structure | None, settings: DecodeSettings) -> Structure:
-        """The gammas to run `best`'s mode at: the settings' draft length where the model's `best`
-        is not LENGTH_GAIN cheaper than it (and its check is within GROW of those timed), else
-        `incumbent`'s under the same test where it runs that mode, else `best`'s. Lengths are weighed
+        """The gammas to run `best`'s mode at: `incumbent`'s where it runs that mode and the model's
+        `best` is not LENGTH_GAIN cheaper than it (and its check is within GROW of those timed), else
+        the settings' draft length under the same test, else `best`'s. Lengths are weighed
         at fresh prices: where `best`'s check was not timed in L2's last STALE forwards, the best
         length whose check was stands in for it, and `best`, if LENGTH_GAIN cheaper than that one,
         runs one cycle first to time its check (size_probe)."""
@@ -161,11 +164,16 @@ class SizeRetimes:
                 best, new = self._shown_as(best, new, stand_in, price), price
         named = (Structure(best.mode, settings.gamma1, best.gamma2) if best.mode is Mode.DRAFT_ONLY
                  else Structure(best.mode, best.gamma1, settings.gamma2))
-        for s in (named, incumbent):
-            if s is not None and s.mode is best.mode and s != best and self._within_measured(s, l2, l1):
-                price = self.seconds_per_token(s)
-                if price is not None and new > LENGTH_GAIN * price:
-                    return self._shown_as(best, new, s, price)
+        for s in (incumbent, named):
+            if s is None or s.mode is not best.mode or not self._within_measured(s, l2, l1):
+                continue
+            if s == best:  # what runs is the best (no length cheaper at a stale price): it stays
+                if self._sizes.untimed_best is None:
+                    return best
+                continue
+            price = self.seconds_per_token(s)
+            if price is not None and new > LENGTH_GAIN * price:
+                return self._shown_as(best, new, s, price)
         return best
 
     def _checks_fresh(self, s: Structure) -> bool:
