@@ -25,7 +25,7 @@ lookup at every position and what of it the target then emitted, and draft-only'
 replayed over the last positions (engine/decoding/lookup_replay.py), exact under greedy. It runs the
 same forwards as ar, so it shares ar's wall/forward ratio (and its cycles re-time ar), and a smaller
 margin (REPLAY_GAIN) decides between the two. The replay also prices rules that draft longer right
-after a draft kept whole (size_retime.draft_rules: 1/6 ran 1.06x γ1 = 3 at continue 8K, paired).
+after a draft kept whole (size_retime.draft_rules; continue 8K, forced: 1/6 at 1.125x fixed γ1 = 4 paired, γ1 = 3 1.063x).
 triforce, whose L1 drafts are its n-gram drafts, is priced for text as hard as the window's: times
 how much dearer that replay runs over the whole window than over the stretches it emitted (_stretch).
 

@@ -29,9 +29,10 @@ LENGTH_GAIN cheaper, or else the settings' length under the same test (`kept_len
 continue 1K on a Zen 4, where fixed draft-only held γ1 = 4, auto moved among γ1 = 3-8 as stale
 checks' prices drifted (a 5-token check priced 21.2 ms against 18.9-19.4 timed made γ1 = 6 look
 4.6 % cheaper, and it ran at 1.07x γ1 = 4's ms/token); lengths are weighed at fresh prices since.
-The settings' length came first until the fortieth pass: a draft rule (draft_rules) that replayed
-3-10 % cheaper than γ1 = 4 at continue 1K ran an answer or two, then gave way to γ1 = 4 in a
-scoring where it read 3 % (forced, it ran 1.017x fixed draft-only paired, γ1 = 4 0.983x)."""
+The settings' length came first until the fortieth pass: at continue 1K a draft rule (draft_rules),
+whose replayed price read 0.85-1.01x γ1 = 4's from answer to answer, ran an answer or two, then
+gave way to γ1 = 4 at a scoring that found it less than LENGTH_GAIN cheaper (forced, it ran 1.017x
+fixed draft-only paired, γ1 = 4 0.983x)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -231,10 +232,9 @@ class SizeRetimes:
         return Structure(s.mode, s.gamma1 if long else s.longest_draft, s.gamma2)
 
     def _retime(self, s: Structure) -> Structure:
-        """Run `s` (a rule: the length with its stale check) for one cycle to time its check; its
-        check size waits twice as long for the next."""
+        """Run `s` (a single length: a rule's goes through _stale_part first) for one cycle to time
+        its check; its check size waits twice as long for the next."""
         state = self._sizes
-        s = self._stale_part(s)
         wait_twice(state.next_at, (s.mode, check_size(s)), self._cycles, SIZE_RETIME // 2)
         state.since, state.probed, state.untimed_best = 0, s, None
         return s
