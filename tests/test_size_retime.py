@@ -141,6 +141,7 @@ def _skewed_policy() -> Policy:
     _run(p, 12)
     for _ in range(4):  # (the empty lookups' plain steps)
         p.costs.record("l2", 1, _quiet(1))
+    p.reprice()  # (as the next choice reads them)
     return p
 
 

@@ -19,6 +19,7 @@ import torch
 
 from engine.cli.chat_cmd import default_budget
 from engine.decoding import speculative
+from engine.model import draft_vocab
 from engine.decoding.lookup_replay import LookupLog
 from engine.decoding.policy import Policy
 from engine.decoding.session import ChatSession
@@ -84,7 +85,7 @@ tag("_probe", lambda s: "a")
 D = speculative.HierarchicalDecoder
 for owner, name in ((D, "step"), (D, "_choose"), (D, "_verify_l2"), (D, "_log_lookups"), (D, "_settle_shadows"),
                     (D, "_shadow_l0"), (D, "checked"), (D, "timed"), (Policy, "realized"), (Policy, "choose"),
-                    (LookupLog, "replay")):
+                    (LookupLog, "replay"), (D, "_learn_lookups"), (draft_vocab.DraftVocabulary, "note")):
     wrap(owner, name, name)
 wrap(speculative.NgramDrafter, "propose", "ngram.propose")
 wrap(speculative.LlamaRunner, "forward", "runner.forward")
@@ -112,10 +113,10 @@ for r in range(reps + 1):
         if method == "auto":
             print("   ", " ".join(ran))
 keys = ["ms/token", "steps ms/token", "cycles", "step", "forward in step", "outside forwards", "_choose", "choose", "replay",
-        "_verify_l2", "realized", "_log_lookups", "_settle_shadows", "_shadow_l0", "checked", "timed", "ngram.propose"]
+        "_verify_l2", "realized", "_learn_lookups", "note", "_log_lookups", "_settle_shadows", "_shadow_l0", "checked", "timed", "ngram.propose"]
 print("ms per cycle, medians over", reps, "answers")
 print(f"{'':18}" + "".join(f"{m:>14}" for m in methods))
 for k in keys:
     print(f"{k:18}" + "".join(f"{statistics.median(row.get(k, 0.0) for row in rows[m]):14.3f}" for m in methods))
 if PROFILED is not None:
-    pstats.Stats(PROFILED).sort_stats("tottime").print_stats(30)
+    pstats.Stats(PROFILED).sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(30)

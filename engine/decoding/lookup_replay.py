@@ -189,7 +189,9 @@ class LookupLog:
         positions are settled."""
         if not self.ready():
             return None
-        walk = self._walks.setdefault((gamma, after_full), Walk(gamma, after_full))
+        walk = self._walks.get((gamma, after_full))
+        if walk is None:
+            walk = self._walks[gamma, after_full] = Walk(gamma, after_full)
         walk.follow(self.settled)  # the positions new since the last replay (a few per cycle)
         seconds = sum(count * forward(size) for size, count in walk.checks.items() if count)
         return seconds, walk.tokens, len(walk.cycles)
@@ -199,12 +201,10 @@ class LookupLog:
         run of consecutive ones walked from its first (a cycle may end past the run): (seconds of
         its forwards, tokens it yields). How hard the stretches that one mode emitted were for
         n-gram drafts, next to `replay` over the whole window."""
-        history, tags = list(self.settled), list(self.settled.tags)
-        seconds, tokens, at = 0.0, 0, 0
-        while at < len(history):
-            if tags[at] != tag:
-                at += 1
+        seconds, tokens, after = 0.0, 0, 0  # `after`: the first position the last cycle left
+        for at, (item, tagged) in enumerate(zip(self.settled, self.settled.tags)):
+            if at < after or tagged != tag:
                 continue
-            size, gain = draft_cycle(*history[at], gamma)
-            seconds, tokens, at = seconds + forward(size), tokens + gain, at + gain
+            size, gain = draft_cycle(*item, gamma)
+            seconds, tokens, after = seconds + forward(size), tokens + gain, at + gain
         return seconds, tokens

@@ -194,13 +194,20 @@ class Acceptance:
         at `rate`), times `scale` (misses not counted here). No data: the i.i.d. model. (A depth no
         draft reached priced at `rate` promised a 6-token draft 4.2 tokens where its third token
         failed in every draft, and the drafts held 2.)"""
+        return self.expected_upto(gamma, scale)[gamma]
+
+    def expected_upto(self, gamma: int, scale: float = 1.0) -> list[float]:
+        """`expected(g, scale)` for every g = 0..`gamma`, in one pass (auto prices 12 draft lengths
+        at a boundary per choice)."""
         rate_d, total, alive = self.rate, 1.0, 1.0
+        totals = [total]
         for d in range(gamma):
             if d < DEPTHS:
                 rate_d = (self.passed[d] + DEPTH_PRIOR * rate_d) / (self.reached[d] + DEPTH_PRIOR)
             alive *= rate_d * scale  # (past DEPTHS: the deepest depth's rate)
             total += alive
-        return total
+            totals.append(total)
+        return totals
 
     @property
     def known(self) -> bool:

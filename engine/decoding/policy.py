@@ -335,27 +335,26 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
 
     def cycle_cost(self, s: Structure) -> tuple[float, float] | None:
         """(seconds of the forwards one cycle of `s` runs, tokens it yields), from the timed levels."""
-        c2 = lambda n: self._c("l2", n)  # noqa: E731
-        if c2(1) is None:
+        c = self._c
+        one = c("l2", 1)
+        if one is None:
             return None
         if s.mode is Mode.AR:
-            return c2(1), 1.0
-        h = self._hit()
+            return one, 1.0
         if s.mode is Mode.DRAFT_ONLY:
             replayed = self._replay(s.gamma1, s.after_full)
             if replayed is not None:
                 seconds, tokens, cycles = replayed
                 return seconds / cycles, tokens / cycles
-            g = s.gamma1
+            h, g = self._hit(), s.gamma1
             tokens = h * self._expected("l0_l2", g) + (1 - h)
-            return self._c("l0", g) + h * c2(g + 1) + (1 - h) * c2(1), tokens
-        if s.mode is Mode.RETRIEVAL_ONLY:
-            g = s.gamma2
-            return g * self._c("l1", 1) + c2(g + 1), self._expected("l1_l2", g)
+            return c("l0", g) + h * c("l2", g + 1) + (1 - h) * one, tokens
         g2 = s.gamma2
-        return g2 * self._l1_per_token(s.gamma1) + c2(g2 + 1), self._expected("l1_l2", g2)
+        if s.mode is Mode.RETRIEVAL_ONLY:
+            return g2 * c("l1", 1) + c("l2", g2 + 1), self._expected("l1_l2", g2)
+        return g2 * self._l1_per_token(s.gamma1) + c("l2", g2 + 1), self._expected("l1_l2", g2)
 
-    def _l1_per_token(self, g1: int) -> float:
+    def _l1_per_token_fresh(self, g1: int) -> float:
         """triforce's L1 level: seconds of drafting and L1 forwards per token it hands to L2, with
         L0 drafting g1 tokens per L1 forward. It does not depend on g2."""
         h = self._hit()

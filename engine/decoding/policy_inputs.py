@@ -3,7 +3,8 @@ scores ~130 structures over the same few of them: a level's forward at a number 
 boundary's acceptance, the n-gram drafter's hit rate and draft-only's replayed forwards."""
 from __future__ import annotations
 
-from engine.decoding.measurements import Acceptance
+from engine.decoding.lookup_replay import LOOKUP_TOKENS
+from engine.decoding.measurements import DEPTHS, Acceptance
 from engine.offload.cost import expected_tokens
 
 PRIOR_L1_SHARE = 0.6  # an unmeasured L1 forward is guessed at this share of L2's (optimistic)
@@ -15,11 +16,18 @@ STRETCH_BOUNDS = (0.5, 2.0)
 class CostInputs:
     """Methods of Policy (its subclass): they read its costs, acceptance, novelty, lookups and _memo."""
 
+    def reprice(self) -> None:
+        """Forget the memoized inputs: prices read the tables afresh. Each choice and each realized
+        cycle starts so; a caller that records timings or acceptance and then prices must too."""
+        self._memo.clear()
+
     def _c(self, level: str, tokens: int) -> float | None:
         key = (level, tokens)
-        if key not in self._memo:  # one choice scores ~130 structures over the same few inputs
-            self._memo[key] = self._c_fresh(level, tokens)
-        return self._memo[key]
+        try:  # one choice scores ~130 structures over the same few inputs
+            return self._memo[key]
+        except KeyError:
+            got = self._memo[key] = self._c_fresh(level, tokens)
+            return got
 
     def _c_fresh(self, level: str, tokens: int) -> float | None:
         got = self.costs.estimate(level, tokens)
@@ -29,6 +37,13 @@ class CostInputs:
         if got is None and level == "l0":
             return 0.0  # a drafter never timed costs nothing visible yet (n-gram lookups)
         return got
+
+    def _l1_per_token(self, g1: int) -> float:
+        """triforce's L1 seconds per token it hands to L2 at γ1 = `g1` (Policy._l1_per_token_fresh)."""
+        key = ("l1_per_token", g1)
+        if key not in self._memo:  # (every γ2 of a γ1 reads it)
+            self._memo[key] = self._l1_per_token_fresh(g1)
+        return self._memo[key]
 
     def _rate(self, boundary: str) -> float:
         if boundary not in self._memo:
@@ -54,24 +69,34 @@ class CostInputs:
     def _expected(self, boundary: str, gamma: int) -> float:
         """Tokens a verification of `gamma` drafted tokens yields at `boundary`: per draft depth as
         measured (Acceptance.expected); the i.i.d. model where the boundary is priced from others."""
-        key = ("expected", boundary, gamma)
-        if key not in self._memo:
-            self._memo[key] = self._expected_fresh(boundary, gamma)
-        return self._memo[key]
+        key = ("expected", boundary)
+        totals = self._memo.get(key)
+        if totals is None or len(totals) <= gamma:  # every length up to `gamma` (at least DEPTHS) in one pass
+            self._memo[key] = totals = self._expected_fresh(boundary, max(gamma, DEPTHS))
+        return totals[gamma]
 
-    def _expected_fresh(self, boundary: str, gamma: int) -> float:
+    def _expected_fresh(self, boundary: str, gamma: int) -> list[float]:
+        """`_expected` for every length 0..`gamma`."""
         measured, scale = self._measured(boundary)
         if measured is None:  # a product of two boundaries' rates: no depths of its own
-            return expected_tokens(self._rate(boundary), gamma)
-        return measured.expected(gamma, scale)
+            rate = self._rate(boundary)
+            return [expected_tokens(rate, g) for g in range(gamma + 1)]
+        return measured.expected_upto(gamma, scale)
 
     def _replay(self, gamma: int, after_full: int = 0) -> tuple[float, int, int] | None:
         """draft-only's forwards replayed over the logged lookups (engine/decoding/lookup_replay.py),
         drafting `gamma` tokens (`after_full` right after a draft kept whole; 0: `gamma` always)."""
         key = ("replay", gamma, after_full)
         if key not in self._memo:  # (callers checked c2(1))
-            self._memo[key] = self.lookups.replay(gamma, lambda n: self._c("l2", n), after_full)
+            self._memo[key] = self.lookups.replay(gamma, self._l2_row().__getitem__, after_full)
         return self._memo[key]
+
+    def _l2_row(self) -> list[float | None]:
+        """L2's forward by tokens checked, 0..LOOKUP_TOKENS + 1 (index 0 unused), for the replays."""
+        row = self._memo.get("l2_row")
+        if row is None:
+            self._memo["l2_row"] = row = [None] + [self._c("l2", n) for n in range(1, LOOKUP_TOKENS + 2)]
+        return row
 
     def _stretch(self, mode) -> float:
         """How much dearer draft-only's replay runs over the whole window than over the stretches
@@ -86,7 +111,7 @@ class CostInputs:
         if key not in self._memo:
             whole = self._replay(STRETCH_GAMMA) if self._c("l2", 1) is not None else None
             if whole is not None and whole[1]:
-                seconds, tokens = self.lookups.replay_tagged(mode, STRETCH_GAMMA, lambda n: self._c("l2", n))
+                seconds, tokens = self.lookups.replay_tagged(mode, STRETCH_GAMMA, self._l2_row().__getitem__)
                 if tokens >= MIN_STRETCH and seconds > 0:
                     low, high = STRETCH_BOUNDS
                     self._stretches[mode] = min(high, max(low, (whole[0] / whole[1]) / (seconds / tokens)))

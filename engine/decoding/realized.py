@@ -116,6 +116,7 @@ class Realized:
     structures: dict[Structure, CycleSums] = field(default_factory=dict)
     boundaries: dict[str, CycleSums] = field(default_factory=dict)
     count: int = 0  # cycles added
+    _pooled: dict = field(default_factory=dict, repr=False, compare=False)  # per mode or boundary, until the next add
 
     def add(self, s: Structure, wall: float, model: float, expected: float, tokens: int,
             ran: float | None = None) -> None:
@@ -126,6 +127,7 @@ class Realized:
         if s.mode in BOUNDARY:
             keyed.append((self.boundaries, BOUNDARY[s.mode]))
         self.count += 1
+        self._pooled.clear()
         for table, key in keyed:
             sums = table.setdefault(key, CycleSums())
             sums.add(wall, model, expected, tokens, self.count - sums.last_cycle, ran)  # (a first sample: whole)
@@ -137,10 +139,12 @@ class Realized:
     def mode_time(self, mode: Mode) -> float:
         """The mode's filtered wall/model time ratio, drawn toward 1 while its cycles are few (a mode
         not yet run: the smallest ratio seen, optimistic, so that bounded exploration still tries it)."""
-        sums = self.modes.get(mode)
-        if sums is None:
-            return min((m.time for m in self.modes.values()), default=1.0)
-        return toward_one(sums.time, sums.cycles)
+        key = ("time", mode)
+        if key not in self._pooled:  # (scoring reads it for each of ~40 structures)
+            sums = self.modes.get(mode)
+            self._pooled[key] = (min((m.time for m in self.modes.values()), default=1.0) if sums is None
+                                 else toward_one(sums.time, sums.cycles))
+        return self._pooled[key]
 
     def ratio(self, s: Structure) -> float:
         """Predicted wall time per token of `s` over the model's: time x work x yield ratios."""
@@ -149,10 +153,14 @@ class Realized:
     def work_ratio(self, s: Structure) -> float:
         """The forwards `s`'s cycles ran over those the model expected: its mode's, drawn toward 1
         while its cycles are few, refined by its own cycles (1 before any)."""
-        sums = self.modes.get(s.mode)
-        if sums is None or sums.modelled <= 0:
+        key = ("work", s.mode)
+        if key not in self._pooled:
+            sums = self.modes.get(s.mode)
+            self._pooled[key] = (None if sums is None or sums.modelled <= 0
+                                 else toward_one(sums.ran / sums.modelled, sums.cycles))
+        pooled = self._pooled[key]
+        if pooled is None:
             return 1.0
-        pooled = toward_one(sums.ran / sums.modelled, sums.cycles)
         own = self.structures.get(s)
         if own is not None and own.modelled > 0:
             decayed = (1.0 - FORGET ** own.cycles) / (1.0 - FORGET)  # the cycles the sums hold, decayed
@@ -172,12 +180,16 @@ class Realized:
     def yield_ratio(self, s: Structure) -> float:
         """The tokens E(a, g) promises over those `s`'s cycles yield: its boundary's, pooled over
         the modes checking there, refined by its own cycles (1 for ar, or before any cycle)."""
-        own = self.structures.get(s)
-        boundary = self.boundaries.get(BOUNDARY.get(s.mode, ""))
-        if boundary is None:
+        key = ("yield", BOUNDARY.get(s.mode, ""))
+        if key not in self._pooled:
+            boundary = self.boundaries.get(BOUNDARY.get(s.mode, ""))
+            # drawn toward 1 while the boundary's cycles are few, as the time
+            self._pooled[key] = None if boundary is None else toward_one(
+                clip(boundary.expected / boundary.tokens), boundary.cycles)
+        pooled = self._pooled[key]
+        if pooled is None:
             return 1.0
-        # drawn toward 1 while the boundary's cycles are few, as the time
-        pooled = toward_one(clip(boundary.expected / boundary.tokens), boundary.cycles)
+        own = self.structures.get(s)
         if own is not None and own.last_expected > 0:
             prior = YIELD_PRIOR_CYCLES * own.last_expected / pooled  # yielded tokens at the boundary's ratio
             pooled = clip(refined(own.expected, own.tokens, prior, pooled))
