@@ -8,7 +8,7 @@ Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=. .ve
 import sys
 import time
 
-from side_cell import side_cell
+from side_cell import short_label, side_cell
 from engine.tools.bench_steps import run_side_by_side
 
 reps, methods, prompt, sessions = side_cell(sys.argv)
@@ -21,7 +21,7 @@ cycles: list[str] = []
 def step(seq):
     started = time.perf_counter()
     out = plain_step(seq)
-    label = decoder.structure.label.replace("draft-only ", "d").replace("triforce ", "t").replace("retrieval-only ", "r")
+    label = short_label(decoder.structure.label)
     cycles.append(f"{label}:{(time.perf_counter() - started) * 1e3:.0f}/{len(out)}")
     return out
 

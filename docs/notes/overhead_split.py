@@ -19,10 +19,10 @@ import torch
 
 from engine.cli.chat_cmd import default_budget
 from engine.decoding import speculative
-from engine.model import draft_vocab
 from engine.decoding.lookup_replay import LookupLog
 from engine.decoding.policy import Policy
 from engine.decoding.session import ChatSession
+from engine.model import draft_vocab
 from engine.model.loading import load_folder
 from engine.settings import DecodeSettings
 from engine.store.models import resolve_model

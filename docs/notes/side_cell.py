@@ -25,6 +25,12 @@ def side_cell(argv: list[str]):
     return reps, methods, prompt, sessions_on_one_prefill(model, methods, prompt, base, "ngram", len(prompt) + 128)
 
 
+def short_label(label: str) -> str:
+    """A structure's label as the cycle traces print it: d = draft-only γ1, t = triforce γ1 γ2, r =
+    retrieval-only γ2 (`draft-only g1=4` -> `dg1=4`)."""
+    return label.replace("draft-only ", "d").replace("triforce ", "t").replace("retrieval-only ", "r")
+
+
 def cycle_forwards(decoder, on_forward=None) -> list:
     """A list that holds, during each of `decoder`'s cycles, the forwards it ran so far as (level,
     tokens, seconds); emptied as each cycle starts. `on_forward(level, tokens, seconds)`, if given,

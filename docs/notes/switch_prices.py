@@ -9,7 +9,7 @@ import time
 from engine.decoding.structure import Structure
 from engine.settings import Mode
 from engine.tools.bench_steps import run_side_by_side
-from side_cell import side_cell
+from side_cell import short_label, side_cell
 
 reps, methods, prompt, sessions = side_cell(sys.argv)
 decoder = sessions["auto"].decoder
@@ -17,7 +17,6 @@ policy = decoder.policy
 plain_step = decoder.step
 cells: list[str] = []
 previous: list = [None]
-SHORT = (("draft-only ", "d"), ("triforce ", "t"), ("retrieval-only ", "r"), (" ", ""))
 
 
 def parts() -> str:
@@ -35,10 +34,7 @@ def step(seq):
     started = time.perf_counter()
     out = plain_step(seq)
     st = decoder.structure
-    label = st.label
-    for long, short in SHORT:
-        label = label.replace(long, short)
-    cell = f"{label}:{(time.perf_counter() - started) * 1e3:.0f}/{len(out)}"
+    cell = f"{short_label(st.label)}:{(time.perf_counter() - started) * 1e3:.0f}/{len(out)}"
     if previous[0] is not None and st.mode is not previous[0].mode:
         weighed = [(c.structure, round(c.ms_per_token, 1)) for c in policy.candidates]
         cell = f"\n      SWITCH {cell} weighed {weighed}{parts()}\n     "

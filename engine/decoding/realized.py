@@ -182,7 +182,7 @@ class Realized:
         the modes checking there, refined by its own cycles (1 for ar, or before any cycle)."""
         key = ("yield", BOUNDARY.get(s.mode, ""))
         if key not in self._pooled:
-            boundary = self.boundaries.get(BOUNDARY.get(s.mode, ""))
+            boundary = self.boundaries.get(key[1])
             # drawn toward 1 while the boundary's cycles are few, as the time
             self._pooled[key] = None if boundary is None else toward_one(
                 clip(boundary.expected / boundary.tokens), boundary.cycles)
