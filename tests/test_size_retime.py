@@ -2,14 +2,16 @@
 SIZE_RETIME cycles the best other length whose check is stale runs one cycle, each length twice as
 seldom each time. And a choice that stays on its mode keeps its draft length unless another is
 LENGTH_GAIN cheaper; and a runner-up that keeps losing its refresh is refreshed ever more seldom,
-one whose price goes stale before one whose price keeps current."""
+one whose price goes stale before one whose price keeps current; a mode priced close to the running
+one runs a cycle every CLOSE_EVERY cycles away from it, ever more seldom while it loses."""
 from __future__ import annotations
 
 import pytest
 
 from engine.decoding.lookup_replay import MIN_REPLAY
 from engine.decoding.policy import EXPLORE_CYCLES, REFRESH_MARGIN, Policy
-from engine.decoding.size_retime import LENGTH_GAIN, REFRESH_CYCLES, SIZE_RETIME, check_size
+from engine.decoding.size_retime import (CLOSE_EVERY, CLOSE_MARGIN, LENGTH_GAIN, REFRESH_CYCLES, SIZE_RETIME,
+                                         check_size)
 from engine.decoding.structure import Structure
 from engine.settings import DecodeSettings, Mode
 from test_policy import _iid, _measured_policy
@@ -214,3 +216,69 @@ def test_a_refresh_goes_to_a_structure_priced_by_the_model_before_one_priced_by_
         assert (replayed < modelled <= REFRESH_MARGIN * replayed) is (probed is Mode.RETRIEVAL_ONLY)
         p._since_refresh, p._settled = REFRESH_CYCLES, False  # a refresh is due at this scoring
         assert p.choose(AUTO, has_l0=True, context_tokens=8000).mode is probed, l1_share
+
+
+def _cycle(p: Policy, slow: float = 1.0, tokens: int | None = None) -> Structure:
+    """One choice at 8K whose cycle takes `slow` x its modelled forwards and yields `tokens` (None:
+    the model's), the retrieval cache kept built."""
+    s = p.choose(AUTO, has_l0=True, context_tokens=8000)
+    seconds, expected = p.cycle_cost(s)
+    p.realized(s, slow * seconds, tokens or max(1, round(expected)))
+    p._l1_live = True
+    return s
+
+
+def test_an_l1_structure_priced_up_near_ar_runs_again_within_close_every_cycles():
+    """retrieval-only runs at 0.82x ar by the model; four cycles that yield 2 tokens of 7 at 1.3x
+    their time price it at 0.99x ar, and auto falls back to ar. Its cycles then cost what the model
+    says again, but its price does not move while it does not run: at qa 1K (Zen 4) auto ran ar for
+    the answer's last 24 cycles, that answer at 1.07x fixed retrieval-only's ms/token. Within 1.1x of
+    ar's price, it runs one cycle once CLOSE_EVERY have run without it, and auto goes back to it.
+    (On the old code: 36 ar cycles, until the runner-up's refresh.)"""
+    p = _measured_policy(l0_l2=0.0, l1_l2=0.9, l0_l1=0.0, l1_share=0.4)
+    p._l1_live = True
+    ar = Structure(Mode.AR)
+    p.realized(ar, p.seconds_per_token(ar, corrected=False), 1)
+    assert {_cycle(p).mode for _ in range(12)} == {Mode.RETRIEVAL_ONLY}
+    for _ in range(4):
+        _cycle(p, slow=1.3, tokens=2)
+    prices = {c.structure.split()[0]: c.ms_per_token for c in p.candidates}
+    assert prices["retrieval-only"] <= CLOSE_MARGIN * prices["ar"] and p.current == ar
+    ran = [_cycle(p).mode for _ in range(CLOSE_EVERY + 8)]
+    back = ran.index(Mode.RETRIEVAL_ONLY)
+    assert back <= CLOSE_EVERY and set(ran[:back]) == {Mode.AR}, ran
+    assert ran[-4:] == [Mode.RETRIEVAL_ONLY] * 4, ran  # (its quiet cycle priced it back under ar)
+
+
+def test_a_close_contender_runs_ever_more_seldom_until_it_wins():
+    """A mode priced within CLOSE_MARGIN of the running one (whose price goes stale) runs one cycle
+    once CLOSE_EVERY have run without it, then after twice as many each time; one that wins a choice
+    starts over. Modes whose price keeps current (ar, draft-only priced by its replay), those further
+    off, and an L1 one whose cache is dear to build (`l1_ok` False) are never taken."""
+    p = Policy()
+    ar, l1 = Structure(Mode.AR), Structure(Mode.RETRIEVAL_ONLY, 1, 6)
+    far = Structure(Mode.TRIFORCE, 1, 6)
+    for s in (l1, far):
+        p.ratios.add(s, 0.1, 0.1, 4.0, 4)
+    scored = [(0.100, ar), (0.100 * CLOSE_MARGIN - 1e-6, l1), (0.100 * CLOSE_MARGIN + 1e-6, far)]
+    assert p.close_contender(scored, l1, l1_ok=True) is None  # (ar keeps current)
+
+    def probes(cycles: int, l1_ok: bool = True) -> list[int]:
+        ran = []
+        for cycle in range(cycles):
+            p._cycles += 1
+            p.ratios.count += 1
+            p._since_refresh += 1
+            chosen = p.close_contender(scored, ar, l1_ok)
+            if chosen is not None:
+                assert chosen == l1
+                ran.append(cycle)
+                p._since_refresh = 0
+                p.ratios.modes[l1.mode].last_cycle = p.ratios.count
+        return ran
+
+    assert probes(3 * CLOSE_EVERY, l1_ok=False) == []
+    ran = probes(8 * CLOSE_EVERY)
+    assert ran[0] == 0 and [b - a for a, b in zip(ran, ran[1:])] == [CLOSE_EVERY, 2 * CLOSE_EVERY, 4 * CLOSE_EVERY]
+    p.refresh_won(l1.mode)  # (its last cycle CLOSE_EVERY ago: it may run at once)
+    assert probes(4 * CLOSE_EVERY) == [0, CLOSE_EVERY, 3 * CLOSE_EVERY]

@@ -36,7 +36,8 @@ per structure (acceptance that is not i.i.d.). After REFRESH_CYCLES
 cycles the runner-up (within REFRESH_MARGIN; one needing an L1 cache that is not live only where
 building it costs under PROBE_SETUP_STEPS target steps, retrieval_choice.py; one priced by the model
 before ar and a replayed draft-only, whose prices keep current: size_retime.runner_up) runs one
-cycle, so the estimates of a structure left long ago do not go stale. An L1 runner-up runs it with the draft
+cycle, so the estimates of a structure left long ago do not go stale (and one priced within CLOSE_MARGIN of the running
+one runs a cycle once CLOSE_EVERY ran without it: size_retime.close_contender). An L1 runner-up runs it with the draft
 its exploration would (the settings' γ2 tokens, fewer where such a check is dear: _explored_at):
 the model's best gammas for it may be short only because its long checks were timed in a slow
 spell and never again (qa 8K: a 7-token check held at 273 ms against 186-200 quiet), and a short
@@ -201,15 +202,17 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
                 and self._since_ar >= AR_RETIME):
             self._settled = False  # re-time ar next to the structure it competes with: one token
             return self._probe(Structure(Mode.AR))
-        if self.refresh_time():  # re-measure the runner-up once: estimates of a
+        l1_ok = self._l1_live or self._setup_cheap()  # no dear L1 cache built for one cycle
+        close = self.close_contender(scored, self.running, l1_ok)  # (a stale price near the running one's)
+        if close is not None or self.refresh_time():  # re-measure the runner-up once: estimates of a
             self._since_refresh = 0  # structure left long ago go stale (costs move with the context)
-            l1_ok = self._l1_live or self._setup_cheap()  # no dear L1 cache built for one cycle
             others = [s for _, s in scored if (self.current is None or s.mode is not self.current.mode)
                       and (l1_ok or not s.mode.uses_l1) and self.refresh_due(s.mode)]  # (backed off: size_retime.py)
-            runner_up = self.runner_up(others, REFRESH_MARGIN * best_ms)
+            runner_up = close or self.runner_up(others, REFRESH_MARGIN * best_ms)
             if runner_up is not None:  # an L1 one at a long draft, as it was explored: a short
                 self._settled = False  # one would re-time neither its long checks nor L1's acceptance
-                self.refreshed(runner_up.mode)
+                if close is None:
+                    self.refreshed(runner_up.mode)
                 return self._probe(self._explored_at(runner_up, settings, remaining))
         incumbent = self.running  # (_ran clears _incumbent below)
         if incumbent is not None and incumbent.mode in modes:

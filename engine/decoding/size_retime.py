@@ -21,7 +21,10 @@ a mode refreshed waits twice as long before its next refresh (`refresh_due`, `re
 wins a choice, and a refresh that loses the choice after it makes the next refresh of any mode
 wait twice as long (`refresh_time`, `refresh_won`). Judged by the model alone, triforce stays within REFRESH_MARGIN of draft-only at
 continue 1K, where the fixed mode runs at 3x its ms/token: every 48 cycles one triforce cycle took
-49-69 ms for 7-8 tokens that draft-only yields in ~30-35 (Zen 4).
+49-69 ms for 7-8 tokens that draft-only yields in ~30-35 (Zen 4). A mode whose price goes stale
+while another runs, priced within CLOSE_MARGIN of the running structure, runs one cycle sooner, once
+CLOSE_EVERY cycles have run without it (`close_contender`), then twice as seldom each time until it
+wins a choice: where it loses, such a cycle costs at most a tenth of one.
 
 Near the best draft length the model's predictions differ by a few per cent, as little as the
 step-cost table's own noise, so a choice runs the length it is running unless the model's best is
@@ -46,6 +49,8 @@ SIZE_RETIME = 16  # on one structure, one cycle in 16 may re-time another draft 
 SIZE_RETIME_MAX = 512  # ... one in up to 512 once re-times keep losing
 UNTIMED_SPACING = 4  # ... and the best length by a stale price at most once in 4 (each length ever more seldom)
 LENGTH_GAIN = 0.96  # the model's best draft length replaces the running one (or the settings') at <= 96 %
+CLOSE_MARGIN = 1.1  # a mode whose price goes stale, priced within 1.1x of the running structure, ...
+CLOSE_EVERY = 16  # ... runs one cycle once 16 have run without it (ever more seldom while it keeps losing)
 
 
 # draft-only rules auto weighs beside the single lengths: γ1 in RULE_SHORT, RULE_LONG right after a
@@ -85,6 +90,7 @@ class SizeRetimeState:
     refresh_at: dict = field(default_factory=dict)  # mode -> (cycle it may be refreshed next, its wait)
     refresh_every: int = REFRESH_CYCLES  # cycles between refreshes of any mode now
     refreshing: Mode | None = None  # the mode last refreshed, until a choice has weighed it
+    close_at: dict = field(default_factory=dict)  # mode -> (cycle it may be refreshed as close next, its wait)
     untimed_best: Structure | None = None  # the model's best length, kept from running on a stale check's price
 
 
@@ -115,6 +121,7 @@ class SizeRetimes:
         costing its answer 7-17 %)."""
         state = self._sizes
         state.refresh_at.pop(mode, None)
+        state.close_at.pop(mode, None)
         if state.refreshing is not None:
             won = state.refreshing is mode
             state.refresh_every = REFRESH_CYCLES if won else min(REFRESH_MAX, 2 * state.refresh_every)
@@ -136,6 +143,33 @@ class SizeRetimes:
         if not priced:
             return None
         return min(priced, key=lambda x: (self._keeps_current(x[1].mode), x[0]))[1]
+
+    def close_contender(self, scored: list[tuple[float, Structure]], running: Structure | None,
+                        l1_ok: bool) -> Structure | None:
+        """A structure to run for one cycle because its price, which goes stale while it does not run,
+        is within CLOSE_MARGIN of the `running` one's (`scored`: each mode's best, priced as the
+        choice weighs them), and CLOSE_EVERY cycles have run since it last ran and since the last
+        refresh; None if none is. Such a cycle costs at most CLOSE_MARGIN - 1 of one cycle where
+        it loses (and the next such cycle of that mode waits twice as long until it wins a choice),
+        while a price read high in a slow spell, never run again, kept auto off the faster
+        structure: at qa 1K (Zen 4) two L1 cycles moved retrieval-only's price from 0.86x ar's to
+        0.99x, and auto ran ar for the answer's last 24 cycles and the next one's first 3 (that
+        answer at 1.07x fixed retrieval-only's ms/token, which ran 0.83-0.89x ar's around it); the
+        refresh, REFRESH_CYCLES cycles after the last at first and backing off, did not come."""
+        now = next((ms for ms, s in scored if running is not None and s.mode is running.mode), None)
+        if now is None or self._since_refresh < CLOSE_EVERY:
+            return None
+        ratios, state = self.ratios, self._sizes
+        close = [(ms, s) for ms, s in scored
+                 if s.mode is not running.mode and not self._keeps_current(s.mode) and ms <= CLOSE_MARGIN * now
+                 and (l1_ok or not s.mode.uses_l1) and s.mode in ratios.modes
+                 and ratios.count - ratios.modes[s.mode].last_cycle >= CLOSE_EVERY
+                 and due(state.close_at, s.mode, self._cycles)]
+        if not close:
+            return None
+        chosen = min(close, key=lambda x: x[0])[1]
+        wait_twice(state.close_at, chosen.mode, self._cycles, CLOSE_EVERY // 2)
+        return chosen
 
     def _keeps_current(self, mode: Mode) -> bool:
         """Does `mode`'s price stay current while another mode runs (see runner_up)?"""
