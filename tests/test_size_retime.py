@@ -2,8 +2,8 @@
 SIZE_RETIME cycles the best other length whose check is stale runs one cycle, each length twice as
 seldom each time. And a choice that stays on its mode keeps its draft length unless another is
 LENGTH_GAIN cheaper; and a runner-up that keeps losing its refresh is refreshed ever more seldom,
-one whose price goes stale before one whose price keeps current; a mode priced close to the running
-one runs a cycle every CLOSE_EVERY cycles away from it, ever more seldom while it loses."""
+one whose price goes stale before one whose price keeps current; on ar, a mode priced close to it
+runs a cycle every CLOSE_EVERY cycles away from it, ever more seldom while it loses."""
 from __future__ import annotations
 
 import pytest
@@ -251,17 +251,21 @@ def test_an_l1_structure_priced_up_near_ar_runs_again_within_close_every_cycles(
 
 
 def test_a_close_contender_runs_ever_more_seldom_until_it_wins():
-    """A mode priced within CLOSE_MARGIN of the running one (whose price goes stale) runs one cycle
-    once CLOSE_EVERY have run without it, then after twice as many each time; one that wins a choice
-    starts over. Modes whose price keeps current (ar, draft-only priced by its replay), those further
-    off, and an L1 one whose cache is dear to build (`l1_ok` False) are never taken."""
+    """On ar, a mode priced within CLOSE_MARGIN of ar's (whose price goes stale) runs one cycle once
+    CLOSE_EVERY have run without it, then after twice as many each time; one that wins a choice
+    starts over. Those further off, an L1 one whose cache is dear to build (`l1_ok` False), and any
+    while a speculative structure runs (switching between those needs only SWITCH_GAIN) are never
+    taken."""
     p = Policy()
     ar, l1 = Structure(Mode.AR), Structure(Mode.RETRIEVAL_ONLY, 1, 6)
     far = Structure(Mode.TRIFORCE, 1, 6)
     for s in (l1, far):
         p.ratios.add(s, 0.1, 0.1, 4.0, 4)
     scored = [(0.100, ar), (0.100 * CLOSE_MARGIN - 1e-6, l1), (0.100 * CLOSE_MARGIN + 1e-6, far)]
-    assert p.close_contender(scored, l1, l1_ok=True) is None  # (ar keeps current)
+    p._since_refresh = CLOSE_EVERY
+    p.ratios.count = 2 * CLOSE_EVERY
+    assert p.close_contender(scored, far, l1_ok=True) is None  # (not on ar)
+    p._since_refresh = p.ratios.count = 0
 
     def probes(cycles: int, l1_ok: bool = True) -> list[int]:
         ran = []

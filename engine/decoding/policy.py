@@ -36,8 +36,8 @@ per structure (acceptance that is not i.i.d.). After REFRESH_CYCLES
 cycles the runner-up (within REFRESH_MARGIN; one needing an L1 cache that is not live only where
 building it costs under PROBE_SETUP_STEPS target steps, retrieval_choice.py; one priced by the model
 before ar and a replayed draft-only, whose prices keep current: size_retime.runner_up) runs one
-cycle, so the estimates of a structure left long ago do not go stale (and one priced within CLOSE_MARGIN of the running
-one runs a cycle once CLOSE_EVERY ran without it: size_retime.close_contender). An L1 runner-up runs it with the draft
+cycle, so the estimates of a structure left long ago do not go stale (and on ar, one priced within CLOSE_MARGIN of ar
+runs a cycle once CLOSE_EVERY ran without it: size_retime.close_contender). An L1 runner-up runs it with the draft
 its exploration would (the settings' γ2 tokens, fewer where such a check is dear: _explored_at):
 the model's best gammas for it may be short only because its long checks were timed in a slow
 spell and never again (qa 8K: a 7-token check held at 273 ms against 186-200 quiet), and a short

@@ -21,10 +21,10 @@ a mode refreshed waits twice as long before its next refresh (`refresh_due`, `re
 wins a choice, and a refresh that loses the choice after it makes the next refresh of any mode
 wait twice as long (`refresh_time`, `refresh_won`). Judged by the model alone, triforce stays within REFRESH_MARGIN of draft-only at
 continue 1K, where the fixed mode runs at 3x its ms/token: every 48 cycles one triforce cycle took
-49-69 ms for 7-8 tokens that draft-only yields in ~30-35 (Zen 4). A mode whose price goes stale
-while another runs, priced within CLOSE_MARGIN of the running structure, runs one cycle sooner, once
-CLOSE_EVERY cycles have run without it (`close_contender`), then twice as seldom each time until it
-wins a choice: where it loses, such a cycle costs at most a tenth of one.
+49-69 ms for 7-8 tokens that draft-only yields in ~30-35 (Zen 4). While ar runs, a mode whose price
+goes stale, priced within CLOSE_MARGIN of ar's, runs one cycle sooner, once CLOSE_EVERY cycles have
+run without it (`close_contender`), then twice as seldom each time until it wins a choice: where it
+loses, such a cycle costs at most a tenth of one.
 
 Near the best draft length the model's predictions differ by a few per cent, as little as the
 step-cost table's own noise, so a choice runs the length it is running unless the model's best is
@@ -49,7 +49,7 @@ SIZE_RETIME = 16  # on one structure, one cycle in 16 may re-time another draft 
 SIZE_RETIME_MAX = 512  # ... one in up to 512 once re-times keep losing
 UNTIMED_SPACING = 4  # ... and the best length by a stale price at most once in 4 (each length ever more seldom)
 LENGTH_GAIN = 0.96  # the model's best draft length replaces the running one (or the settings') at <= 96 %
-CLOSE_MARGIN = 1.1  # a mode whose price goes stale, priced within 1.1x of the running structure, ...
+CLOSE_MARGIN = 1.1  # while ar runs, a mode whose price goes stale, priced within 1.1x of ar's, ...
 CLOSE_EVERY = 16  # ... runs one cycle once 16 have run without it (ever more seldom while it keeps losing)
 
 
@@ -146,18 +146,24 @@ class SizeRetimes:
 
     def close_contender(self, scored: list[tuple[float, Structure]], running: Structure | None,
                         l1_ok: bool) -> Structure | None:
-        """A structure to run for one cycle because its price, which goes stale while it does not run,
-        is within CLOSE_MARGIN of the `running` one's (`scored`: each mode's best, priced as the
-        choice weighs them), and CLOSE_EVERY cycles have run since it last ran and since the last
-        refresh; None if none is. Such a cycle costs at most CLOSE_MARGIN - 1 of one cycle where
-        it loses (and the next such cycle of that mode waits twice as long until it wins a choice),
-        while a price read high in a slow spell, never run again, kept auto off the faster
-        structure: at qa 1K (Zen 4) two L1 cycles moved retrieval-only's price from 0.86x ar's to
-        0.99x, and auto ran ar for the answer's last 24 cycles and the next one's first 3 (that
-        answer at 1.07x fixed retrieval-only's ms/token, which ran 0.83-0.89x ar's around it); the
-        refresh, REFRESH_CYCLES cycles after the last at first and backing off, did not come."""
-        now = next((ms for ms, s in scored if running is not None and s.mode is running.mode), None)
-        if now is None or self._since_refresh < CLOSE_EVERY:
+        """While ar is the `running` structure: one to run for one cycle because its price, which
+        goes stale while it does not run, is within CLOSE_MARGIN of ar's (`scored`: each mode's
+        best, priced as the choice weighs them), and CLOSE_EVERY cycles have run since it last ran
+        and since the last refresh; None if none is. Such a cycle costs at most CLOSE_MARGIN - 1 of
+        one cycle where it loses (and the next such cycle of that mode waits twice as long until it
+        wins a choice), while a price read high in a slow spell, never run again, kept auto on ar:
+        at qa 1K (Zen 4) two L1 cycles moved retrieval-only's price from 0.86x ar's to 0.99x, short
+        of the MEASURED_GAIN that leaving ar asks, and auto ran ar for the answer's last 24 cycles
+        and the next one's first 3 (that answer at 1.07x fixed retrieval-only's ms/token, which ran
+        0.83-0.89x ar's around it); the refresh, REFRESH_CYCLES cycles after the last at first and
+        backing off, did not come. (Between speculative modes, which need only SWITCH_GAIN to
+        switch, it is left out: with it, qa 4K's answers switched 20 and 23 times a cell in two
+        grids against 10-17 in the five before, and one read qa 4K at 0.935x fixed retrieval-only
+        paired.)"""
+        if running is None or running.mode is not Mode.AR or self._since_refresh < CLOSE_EVERY:
+            return None
+        now = next((ms for ms, s in scored if s.mode is Mode.AR), None)
+        if now is None:
             return None
         ratios, state = self.ratios, self._sizes
         close = [(ms, s) for ms, s in scored
