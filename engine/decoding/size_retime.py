@@ -151,11 +151,11 @@ class SizeRetimes:
         best, priced as the choice weighs them), and CLOSE_EVERY cycles have run since it last ran
         and since the last refresh; None if none is. Such a cycle costs at most CLOSE_MARGIN - 1 of
         one cycle where it loses (and the next such cycle of that mode waits twice as long until it
-        wins a choice), while a price read high in a slow spell, never run again, kept auto on ar:
-        at qa 1K (Zen 4) two L1 cycles moved retrieval-only's price from 0.86x ar's to 0.99x, short
+        wins a choice), while a price read high over a few cycles, never run again, kept auto on ar:
+        at qa 1K (Zen 4) six L1 cycles moved retrieval-only's price from 0.86x ar's to 0.99x, short
         of the MEASURED_GAIN that leaving ar asks, and auto ran ar for the answer's last 24 cycles
         and the next one's first 3 (that answer at 1.07x fixed retrieval-only's ms/token, which ran
-        0.83-0.89x ar's around it); the refresh, REFRESH_CYCLES cycles after the last at first and
+        0.76-0.83x ar's in that run); the refresh, REFRESH_CYCLES cycles after the last at first and
         backing off, did not come. (Between speculative modes, which need only SWITCH_GAIN to
         switch, it is left out: with it, qa 4K's answers switched 20 and 23 times a cell in two
         grids against 10-17 in the five before, and one read qa 4K at 0.935x fixed retrieval-only
