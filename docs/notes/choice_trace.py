@@ -8,10 +8,9 @@ Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=docs/
     docs/notes/choice_trace.py CONTEXT WORKLOAD REPEATS OTHERS   (e.g. 1024 qa 10 ar,triforce,draft-only,retrieval-only)"""
 import sys
 
-from side_cell import short_label, side_cell
+from side_cell import run_reps, short_label, side_cell
 from engine.decoding.structure import Structure
 from engine.settings import Mode
-from engine.tools.bench_steps import run_side_by_side
 
 reps, methods, prompt, sessions = side_cell(sys.argv)
 policy = sessions["auto"].decoder.policy
@@ -30,11 +29,11 @@ def choose(settings, has_l0, context_tokens, budget=None, remaining=None):
     return chosen
 
 
-policy.choose = choose
-for r in range(reps):
-    lines.clear()
-    turn = r % len(methods)  # (rotated by one each repeat, as the bench does)
-    got = run_side_by_side(sessions, methods[turn:] + methods[:turn], prompt)
-    print(r, {m: round(got[m].ms_per_token, 2) for m in methods}, flush=True)
+def after() -> None:
     for line in lines:
         print("   ", line)
+    lines.clear()
+
+
+policy.choose = choose
+run_reps(reps, methods, prompt, sessions, after)

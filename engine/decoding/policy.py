@@ -206,9 +206,9 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
         close = self.close_contender(scored, self.running, l1_ok)  # (a stale price near the running one's)
         if close is not None or self.refresh_time():  # re-measure the runner-up once: estimates of a
             self._since_refresh = 0  # structure left long ago go stale (costs move with the context)
-            others = [s for _, s in scored if (self.current is None or s.mode is not self.current.mode)
-                      and (l1_ok or not s.mode.uses_l1) and self.refresh_due(s.mode)]  # (backed off: size_retime.py)
-            runner_up = close or self.runner_up(others, REFRESH_MARGIN * best_ms)
+            runner_up = close or self.runner_up(  # (the others backed off: size_retime.py)
+                [s for _, s in scored if (self.current is None or s.mode is not self.current.mode)
+                 and (l1_ok or not s.mode.uses_l1) and self.refresh_due(s.mode)], REFRESH_MARGIN * best_ms)
             if runner_up is not None:  # an L1 one at a long draft, as it was explored: a short
                 self._settled = False  # one would re-time neither its long checks nor L1's acceptance
                 if close is None:

@@ -167,7 +167,7 @@ class SizeRetimes:
             return None
         ratios, state = self.ratios, self._sizes
         close = [(ms, s) for ms, s in scored
-                 if s.mode is not running.mode and not self._keeps_current(s.mode) and ms <= CLOSE_MARGIN * now
+                 if not self._keeps_current(s.mode) and ms <= CLOSE_MARGIN * now  # (ar keeps current)
                  and (l1_ok or not s.mode.uses_l1) and s.mode in ratios.modes
                  and ratios.count - ratios.modes[s.mode].last_cycle >= CLOSE_EVERY
                  and due(state.close_at, s.mode, self._cycles)]
