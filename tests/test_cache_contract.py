@@ -19,6 +19,7 @@ from engine import native
 from engine.errors import ContextOverflowError
 from engine.kv.full import FullCache
 from engine.kv.offload import OffloadedCache
+from engine.kv.retrieval import RetrievalCache
 from engine.kv.rope import Rotary, rotate
 from engine.kv.sharded import ShardedFullCache
 from engine.kv.streaming import StreamingCache
@@ -186,3 +187,34 @@ def test_a_retrieval_cache_holding_everything_attends_with_l2s_bits(kv_dtype):
     from_l2 = _forward(KINDS_BY_NAME["full"], full, 20, step)
     for a, b in zip(from_l1, from_l2):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("per_head", [True, False])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_a_retrieval_rebuild_copies_each_heads_best_chunks_whole_in_position_order(kv_dtype, per_head, monkeypatch):
+    """Under budget, each KV head keeps the first chunk (sinks), the most recent chunks and the
+    chunks whose mean key scores highest against its group's summed query, in position order, then
+    the partial tail chunk: checked token by token against the full cache (the copy moves whole
+    chunks as rows; it was an element-wise gather)."""
+    monkeypatch.setattr(RetrievalCache, "ROWS_PER_HEAD", per_head)  # False: the one-launch path cards take
+    chunk, budget = 4, 16  # 4 of the prefix's 9 whole chunks (38 tokens: 2 in the tail)
+    full = _full_with([_qkv(20, seed=3), _qkv(18, seed=4)],
+                      FullCache(LAYERS, HKV, D, CAP, torch.float32, "cpu", kv_dtype=kv_dtype))
+    retrieval = full.retrieval(HQ, budget=budget, chunk=chunk, headroom=24)
+    queries = list(full.last_query)
+    retrieval.rebuild(queries)
+    n_chunks, keep = 38 // chunk, budget // chunk
+    recent = retrieval.recent_chunks(keep)
+    assert retrieval.length == budget + 2 and retrieval.selected == budget
+    for layer in range(LAYERS):
+        keys, values = full.layer_kv(layer, 0, 38)
+        means = keys[:, :n_chunks * chunk].float().reshape(HKV, n_chunks, chunk, D).mean(2)
+        q = queries[layer].float().reshape(HKV, HQ // HKV, D).sum(1)
+        for h in range(HKV):
+            scores = means[h] @ q[h]
+            forced = {0, *range(n_chunks - recent, n_chunks)}
+            ranked = sorted(set(range(n_chunks)) - forced, key=lambda c: -scores[c].item())
+            chosen = sorted(forced | set(ranked[:keep - len(forced)]))
+            tokens = [c * chunk + i for c in chosen for i in range(chunk)] + [36, 37]
+            assert torch.equal(retrieval.keys[layer][h, :budget + 2], keys[h, tokens])
+            assert torch.equal(retrieval.values[layer][h, :budget + 2], values[h, tokens])

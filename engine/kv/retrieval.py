@@ -116,11 +116,7 @@ class RetrievalCache(KVCache):
             scores[:, 0] = float("inf")  # sinks
             scores[:, n_chunks - self.recent_chunks(keep_chunks):] = float("inf")  # the most recent chunks
             top = scores.topk(keep_chunks, dim=-1).indices.sort(dim=-1).values  # [Hkv, K] in position order
-            top = top.to(k_full.device)
-            token_idx = (top[..., None] * self.chunk + torch.arange(self.chunk, device=top.device)).reshape(n_kv, -1)
-            gather = token_idx[..., None].expand(-1, -1, dim)  # [Hkv, budget, D]
-            self.keys[layer][:, :self.budget] = k_full.gather(1, gather)
-            self.values[layer][:, :self.budget] = v_full.gather(1, gather)
+            self._copy_chunks(layer, k_full, v_full, top.to(k_full.device), n_chunks)
             tail = held - body
             if tail:
                 self.keys[layer][:, self.budget:self.budget + tail] = k_full[:, body:]
@@ -129,6 +125,27 @@ class RetrievalCache(KVCache):
         self.selected = self.budget
         self.synced_to = held
         self.rebuilds += 1
+
+    ROWS_PER_HEAD = True  # on the CPU: 22.7 against 26.0 ms a rebuild at 8K for one indexing per tensor
+
+    def _copy_chunks(self, layer: int, k_full: torch.Tensor, v_full: torch.Tensor, top: torch.Tensor,
+                     n_chunks: int) -> None:
+        """Copy the chunks `top` [Hkv, K] (ascending, on the full cache's device) of each KV head into
+        the first K * chunk slots of this layer. Each chunk is one row of chunk * D contiguous values,
+        so whole rows move (an element-wise gather with a [Hkv, budget, D] index took 0.2 ms a tensor
+        at 8K, 20 of a rebuild's 35 ms on a Zen 4; row copies took 19 ms in all): on the CPU a row
+        select per head straight into the buffer, elsewhere one indexing per tensor (one launch)."""
+        n_kv, row = k_full.shape[0], self.chunk * k_full.shape[2]
+        body, keep = n_chunks * self.chunk, top.shape[1]
+        for full, mine in ((k_full, self.keys[layer]), (v_full, self.values[layer])):
+            rows = full[:, :body].reshape(n_kv, n_chunks, row)  # [Hkv, C, chunk * D], a view
+            dest = mine[:, :keep * self.chunk].view(n_kv, keep, row)  # [Hkv, K, chunk * D], a view
+            if self.ROWS_PER_HEAD and dest.device.type == rows.device.type == "cpu" and dest.dtype == rows.dtype:
+                for h in range(n_kv):
+                    torch.index_select(rows[h], 0, top[h], out=dest[h])
+            else:
+                heads = torch.arange(n_kv, device=rows.device)[:, None]
+                dest.copy_(rows[heads, top])
 
     # A full cache held elsewhere (CPU memory) is scored in pieces of this many tokens, so the
     # rebuild never holds a copy of a whole layer's keys on the card.
