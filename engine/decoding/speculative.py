@@ -124,7 +124,10 @@ class HierarchicalDecoder:
         auto_l1 = mode is Mode.AUTO and ((last is not None and last.mode.uses_l1) or self.policy.l1_ahead(
             self.settings, not isinstance(self.drafter, NoDrafter), self.full.length, self.budget()))
         if mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY) or auto_l1:
+            started = time.perf_counter()
             self.rebuild()  # with the prompt, as a fixed mode does (auto: it ran L1 last or expects to)
+            if auto_l1:
+                self.policy.l1_setup(time.perf_counter() - started)
             self.policy.l1_built()
         else:
             self._stale = True
