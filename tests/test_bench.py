@@ -51,6 +51,8 @@ def test_bench_interleaves_methods_and_reports_spread(tiny, sample_text, monkeyp
     table = format_report(report)
     assert "interleaved step by step" in table and "auto ran:" in table and "llama.cpp skipped" in table and "(min-max)" in table and "paired" in table
     assert "auto against the fastest fixed mode" in table
+    # two repeats are too few for a 90 % interval: none is printed or kept
+    assert by["auto"]["paired_vs_best_fixed_interval"] is None and "% interval" not in table
 
 
 def test_paired_speedup_is_the_median_of_same_repeat_ratios():
@@ -62,6 +64,47 @@ def test_paired_speedup_is_the_median_of_same_repeat_ratios():
     assert 44.0 / 50.0 == 0.88
     assert paired_speedup(ar, fast) == 2.0
     assert paired_speedup([], fast) is None
+
+
+def test_a_paired_ratios_interval_is_the_sign_tests_order_statistics():
+    from engine.tools.bench import median_interval, paired_interval
+
+    # five repeats: only the extremes reach 90 %, at 1 - 2/32; nine: the second from each end, at 1 - 2 x 10/512
+    assert median_interval([1.1, 0.9, 1.0, 1.3, 0.8]) == (0.8, 1.3, 1 - 2 / 32)
+    nine = [0.91, 1.02, 0.97, 1.10, 0.88, 1.05, 0.99, 0.93, 1.20]
+    assert median_interval(nine) == (0.91, 1.10, 1 - 2 * 10 / 512)
+    assert median_interval(nine, level=0.8) == (0.93, 1.05, 1 - 2 * 46 / 512)
+    assert median_interval([1.0, 2.0, 3.0, 4.0]) is None  # four values cover at most 87.5 %
+    assert paired_interval([10.0] * 5, [10.0, 5.0, 20.0, 8.0, 12.5]) == [0.5, 2.0, 0.9375]
+
+
+def test_the_median_interval_covers_a_skewed_medians_as_often_as_it_says():
+    import random
+
+    from engine.tools.bench import median_interval
+
+    # host noise only adds time: a long right tail. Over many draws of nine, [x(2), x(8)] must hold
+    # the true median about 96.1 % of the time, whatever the distribution
+    rng, true_median, trials = random.Random(7), 1.0 + 0.5 * 0.6931471805599453, 4000
+    hits = 0
+    for _ in range(trials):
+        low, high, coverage = median_interval([1.0 + rng.expovariate(2.0) for _ in range(9)])
+        hits += low <= true_median <= high
+    assert coverage == pytest.approx(0.9609375)
+    assert abs(hits / trials - coverage) < 0.015
+
+
+def test_the_report_prints_auto_s_paired_ratios_with_their_intervals():
+    row = {"ms_per_token": 10.0, "tokens_per_s": 100.0, "speedup_vs_ar": 1.0, "acceptance": {},
+           "identical_to_ar": True, "paired_speedup_vs_ar": 1.0}
+    report = {"model": "m", "device": "cpu", "workload": "qa", "context_tokens": 2048, "new_tokens": 64,
+              "settings": {}, "results": [
+                  dict(row, method="auto", best_fixed="retrieval-only", paired_vs_best_fixed=0.93,
+                       paired_vs_best_fixed_interval=[0.88, 1.01, 0.9609375], paired_speedup_vs_ar=1.12,
+                       paired_vs_ar_interval=[1.02, 1.2, 0.9609375]),
+                  dict(row, method="ar")]}
+    assert ("auto against the fastest fixed mode (retrieval-only), paired per repeat: 0.93x "
+            "(0.88-1.01, 96 % interval); against ar: 1.12x (1.02-1.20, 96 % interval)") in format_report(report)
 
 
 class _StolenRuns:

@@ -1,6 +1,9 @@
 """The issue's targets, read from one or more bench JSON files (`main.py bench --json`): auto against
 ar and against the fastest fixed mode, by medians and paired per repeat, in every cell; auto
-against the peers at 8K; token identity. Prints the lines the closing notes quote.
+against the peers at 8K; token identity. Prints the lines the closing notes quote, then each cell's
+paired ratios with their sign-test intervals (engine/tools/bench.py `median_interval`, computed from
+the repeats' times, so older JSONs get them too): a miss whose interval reaches the bar is one the
+repeats cannot place below it.
 
     python3 docs/notes/grid_verdict.py docs/bench/bench-cpu-s35-zen1-64.json [...]
 """
@@ -8,6 +11,8 @@ from __future__ import annotations
 
 import json
 import sys
+
+from engine.tools.bench import paired_interval
 
 FIXED = ("ar", "draft-only", "retrieval-only", "triforce")
 
@@ -19,6 +24,7 @@ def cell_name(cell: dict) -> str:
 def verdict(path: str) -> None:
     cells = json.load(open(path))
     vs_ar, vs_ar_paired, vs_best, vs_best_paired, peers, different = [], [], [], [], [], []
+    spans = {"ar": [], "best": []}  # per cell: (name, paired ratio, interval)
     for cell in cells:
         name = cell_name(cell)
         rows = {r["method"]: r for r in cell["results"]}
@@ -29,6 +35,9 @@ def verdict(path: str) -> None:
         best = min((m for m in FIXED if m in rows), key=lambda m: rows[m]["median_ms_per_token"])
         vs_best.append((name, round(rows[best]["median_ms_per_token"] / auto["median_ms_per_token"], 3), best))
         vs_best_paired.append((name, round(auto["paired_vs_best_fixed"], 3), auto["best_fixed"]))
+        runs = {m: r["runs_ms_per_token"] for m, r in rows.items()}
+        spans["ar"].append((name, auto["paired_speedup_vs_ar"], paired_interval(runs["ar"], runs["auto"])))
+        spans["best"].append((name, auto["paired_vs_best_fixed"], paired_interval(runs[auto["best_fixed"]], runs["auto"])))
         different += [(name, m) for m, r in rows.items() if m in FIXED + ("auto",) and not r["identical_to_ar"]]
         if int(cell["context_tokens"]) >= 8000:
             for peer in ("llama.cpp", "hf"):
@@ -45,6 +54,13 @@ def verdict(path: str) -> None:
     for line in peers:
         print(line)
     print("not identical to ar:", different or "none")
+    for key, bar in (("ar", 1.0), ("best", 0.95)):
+        cells_text = [f"{name} {ratio:.3f}" + (f" [{span[0]:.3f}-{span[1]:.3f}]" if span else "")
+                      for name, ratio, span in spans[key]]
+        coverage = next((span[2] for _, _, span in spans[key] if span), None)
+        below = [name for name, _, span in spans[key] if span and span[1] < bar]
+        print(f"paired vs {key} with {'-' if coverage is None else f'{100 * coverage:.1f} %'} intervals: "
+              + ", ".join(cells_text) + f"; interval wholly below {bar}: {below or 'none'}")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,13 @@ table gives each method's median with its min and max, and the load average befo
 Ratios are also given paired: per repeat, one method's time against another's from the same repeat
 (run side by side or seconds apart, so under the same load), then the median over repeats. A slow
 spell that hits one repeat moves both sides of its ratio, where it moves only one side of a ratio
-of medians.
+of medians. Each paired ratio comes with a distribution-free interval for that median (the sign
+test's: two order statistics of the repeats' ratios, `median_interval`), so that a ratio a few per
+cent off a target can be told from one that the repeats' spread cannot place on either side of it.
 """
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -37,6 +40,7 @@ from engine.tools.host_load import read_cpu_times, steal_percent
 OUR_METHODS = MODES  # auto, ar, draft-only, retrieval-only, triforce
 HF_METHODS = ("hf", "hf-lookup")
 PEER_METHODS = HF_METHODS + ("llama.cpp",)
+INTERVAL_LEVEL = 0.9  # the paired ratios' intervals cover their median with at least this probability
 QA_QUESTION = "Who is the father of Hamlet, and what happened to him? Answer in two sentences."
 
 
@@ -59,6 +63,8 @@ class MethodResult:
     paired_speedup_vs_ar: float | None = None  # median over repeats of ar's ms/token / this method's
     paired_vs_best_fixed: float | None = None  # auto: the same against the fixed mode with the lowest median
     best_fixed: str = ""  # auto: which fixed mode that was
+    paired_vs_ar_interval: list | None = None  # [low, high, coverage] for paired_speedup_vs_ar (median_interval)
+    paired_vs_best_fixed_interval: list | None = None  # the same for paired_vs_best_fixed
 
 
 def build_prompt(model: LoadedModel, text: str, context: int, workload: str) -> list[int]:
@@ -107,6 +113,28 @@ def paired_speedup(reference_ms: list[float], method_ms: list[float]) -> float |
     is faster. None when the two have no repeat in common."""
     pairs = [a / b for a, b in zip(reference_ms, method_ms) if b > 0]
     return statistics.median(pairs) if pairs else None
+
+
+def median_interval(values: list[float], level: float = INTERVAL_LEVEL) -> tuple[float, float, float] | None:
+    """A distribution-free interval for the median of `values`, the sign test's: the order statistics
+    x(k) and x(n + 1 - k) (1-based, sorted), k the largest whose coverage, 1 - 2 P(Binomial(n, 1/2) < k),
+    is at least `level`. Returns (low, high, coverage), or None where even the extremes cover less
+    (at 90 %: fewer than 5 values). Five repeats give [min, max] at 93.8 %, nine the second-lowest to
+    the second-highest at 96.1 %."""
+    xs, n = sorted(values), len(values)
+    found = None
+    for k in range(1, (n + 1) // 2 + 1):
+        coverage = 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+        if coverage < level:
+            break
+        found = (xs[k - 1], xs[n - k], coverage)
+    return found
+
+
+def paired_interval(reference_ms: list[float], method_ms: list[float]) -> list[float] | None:
+    """`median_interval` of the per-repeat ratios `paired_speedup` takes the median of: [low, high, coverage]."""
+    got = median_interval([a / b for a, b in zip(reference_ms, method_ms) if b > 0])
+    return None if got is None else [round(x, 4) for x in got]
 
 
 def match_length(tokens: list[int], reference: list[int]) -> int:
@@ -263,11 +291,13 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
     for r in results.values():
         r.speedup_vs_ar = ar_ms / r.ms_per_token
         r.paired_speedup_vs_ar = paired_speedup(runs["ar"], runs[r.method])
+        r.paired_vs_ar_interval = paired_interval(runs["ar"], runs[r.method])
     fixed = [results[m] for m in OUR_METHODS if m in results and m != "auto"]
     if "auto" in results and fixed:
         best = min(fixed, key=lambda r: r.ms_per_token)
         results["auto"].best_fixed = best.method
         results["auto"].paired_vs_best_fixed = paired_speedup(runs[best.method], runs["auto"])
+        results["auto"].paired_vs_best_fixed_interval = paired_interval(runs[best.method], runs["auto"])
     return {
         "model": model.model_id,
         "device": str(model.device) if model.device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
@@ -305,6 +335,14 @@ def _steal_note(report: dict) -> str:
     return note
 
 
+def _interval_note(interval: list | None) -> str:
+    """' (0.93-1.04, 94 % interval)' for a paired ratio's median_interval, '' where it has none."""
+    if not interval:
+        return ""
+    low, high, coverage = interval
+    return f" ({low:.2f}-{high:.2f}, {100 * coverage:.0f} % interval)"
+
+
 def format_report(report: dict) -> str:
     """The report as a table: median ms/token with min-max, speedup, acceptance, exactness."""
     lines = [f"{report['model']} on {report['device']}: {report['workload']}, {report['context_tokens']} tokens of "
@@ -332,7 +370,8 @@ def format_report(report: dict) -> str:
     for r in report["results"]:
         if r.get("paired_vs_best_fixed") is not None:
             lines.append(f"  {r['method']} against the fastest fixed mode ({r['best_fixed']}), paired per repeat: "
-                         f"{r['paired_vs_best_fixed']:.2f}x")
+                         f"{r['paired_vs_best_fixed']:.2f}x{_interval_note(r.get('paired_vs_best_fixed_interval'))}; "
+                         f"against ar: {r['paired_speedup_vs_ar']:.2f}x{_interval_note(r.get('paired_vs_ar_interval'))}")
     for r in report["results"]:
         if r.get("structure"):
             lines.append(f"  {r['method']} ran: {r['structure']}; weighed (ms/token): "
