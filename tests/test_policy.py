@@ -12,8 +12,8 @@ from engine.decoding.measurements import PRIOR_SLOPE, STALE, StepCosts
 from engine.decoding.realized import IDLE_CAP, SLOW_CLIP, SLOWER, CycleSums
 from engine.decoding.size_retime import REFRESH_CYCLES
 from engine.offload.cost import expected_tokens
-from engine.decoding.policy import (AR_RETIME, EXPLORE_CYCLES, EXPLORE_MARGIN, GROW, OUTLIER, SURPRISE, SWITCH_GAIN,
-                                     Policy, Structure)
+from engine.decoding.policy import (AR_RETIME, EXPLORE_CYCLES, EXPLORE_MARGIN, GROW, MEASURED_GAIN, OUTLIER,
+                                     REALIZED_CYCLES, SURPRISE, SWITCH_GAIN, Policy, Structure)
 from engine.decoding.drafters import NgramDrafter, common_prefix
 from engine.decoding.session import ChatSession
 from engine.events import ChatMessage, DocumentText
@@ -152,6 +152,27 @@ def test_auto_leaves_ar_only_for_a_gain_larger_than_its_models_error(rate, expec
     ar = next(c.ms_per_token for c in p.candidates if c.structure == "ar")
     assert draft_only < ar  # the model does predict a gain in both cases
     assert chosen.mode is expect
+
+
+@pytest.mark.parametrize("l1_over_ar,running,expect", [
+    (0.97, Mode.RETRIEVAL_ONLY, Mode.RETRIEVAL_ONLY),  # running and measured: it stays while cheaper than ar
+    (1.02, Mode.RETRIEVAL_ONLY, Mode.AR),  # ar predicted cheaper: it leaves
+    (0.97, Mode.AR, Mode.AR)])  # on ar, L1 is entered only MEASURED_GAIN cheaper
+def test_a_measured_structure_auto_runs_stays_until_ar_is_predicted_cheaper(monkeypatch, l1_over_ar, running, expect):
+    """The margin over ar guards leaving ar for a structure whose prediction may flatter it. Asked of a
+    structure auto already runs, whose own cycles corrected its price, it left no band to stay in: at
+    qa 1K one rejected cycle priced retrieval-only at 10.9 ms/token beside ar's 11.0, and four ar cycles
+    ran before L1 was 5 % cheaper again. The decision is the one before any probe: `running`."""
+    assert l1_over_ar > MEASURED_GAIN
+    p = _measured_policy(l0_l2=0.1, l1_l2=0.95, l0_l1=0.1, l1_share=0.5)
+    l1 = Structure(Mode.RETRIEVAL_ONLY, AUTO.gamma1, AUTO.gamma2)
+    for _ in range(REALIZED_CYCLES):
+        p.ratios.add(l1, 0.3, 0.3, 6.0, 6)
+    prices = {Mode.AR: 0.010, Mode.RETRIEVAL_ONLY: 0.010 * l1_over_ar}
+    monkeypatch.setattr(p, "seconds_per_token", lambda s, corrected=True: prices.get(s.mode, 1.0))
+    p._l1_live, p.current, p._since_ar = True, l1 if running is Mode.RETRIEVAL_ONLY else Structure(Mode.AR), 0
+    p.choose(AUTO, has_l0=True, context_tokens=1024)
+    assert p.running.mode is expect
 
 
 def test_auto_picks_retrieval_when_l1_is_cheap_and_l0_misses():

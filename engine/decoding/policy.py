@@ -16,9 +16,10 @@ cycles, once per session, and only while its optimistic score is within EXPLORE_
 The choice is re-scored at each turn, every RESCORE_EVERY cycles and whenever an acceptance estimate
 moves by SHIFT, and changes only between cycles; a switch needs a SWITCH_GAIN advantage, and leaving
 ar a SPECULATION_GAIN one (MEASURED_GAIN once the structure's own cycles have corrected its
-prediction). An L1 structure is explored with drafts of the settings' γ2 tokens, fewer where
-such a check costs over EXPLORE_CHECK one-token checks. Every cycle's output is an
-exact sample whatever structure ran it, so switching never changes what is generated.
+prediction); a running structure so corrected stays until ar is predicted cheaper (STAY_ON_MEASURED).
+An L1 structure is explored with drafts of the settings' γ2 tokens, fewer where such a check costs
+over EXPLORE_CHECK one-token checks. Every cycle's output is an exact sample whatever structure ran
+it, so switching never changes what is generated.
 
 With an n-gram drafter, draft-only is not priced by that acceptance model: the decoder logs a
 lookup at every position and what of it the target then emitted, and draft-only's forwards are
@@ -87,12 +88,10 @@ SWITCH_GAIN = 0.92  # switch only if the best predicts <= 92% of the current str
 # leave ar only for a structure predicted at <= 90% of its ms/token: ar's cost is timed directly,
 # while the others' predictions ran 6-14% optimistic (median actual/predicted, three A/B runs)
 SPECULATION_GAIN = 0.9
-# ... and for one predicted at <= 95 % once REALIZED_CYCLES of its mode's own cycles have scaled its
-# prediction by their wall time (the 6-14 % were the model's error before that correction): at qa
-# 1-2K on a Zen 1 fixed retrieval-only ran 0.89-0.91x ar's ms/token, and auto, asking for 10 %, stayed on ar.
-# Its exploration's cycles are enough since their time is filtered as ar's is (realized.settle): with
-# 6, the 10 % bar held until two refresh cycles had run, over 100 cycles later (ar for three answers at qa 1K)
+# ... and at <= 95 % once REALIZED_CYCLES of its mode's own cycles (its exploration's count) corrected its prediction
+# (the 6-14 % were the error before): at qa 1-2K on a Zen 1, asking 10 % kept auto on ar where L1 ran 0.89-0.91x
 MEASURED_GAIN = 0.95
+# STAY_ON_MEASURED: a measured running structure stays until ar is cheaper (else no band to stay in: qa 1K, 44th pass)
 REALIZED_CYCLES = 3
 MAX_GAMMA1 = 8
 MAX_GAMMA2 = 12  # gamma1 + gamma2 + 2 stays inside the retrieval cache's minimum headroom (128 / 2)
@@ -221,7 +220,9 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
                 best = next(s for ms, s in scored if s.mode is incumbent.mode)  # not worth a switch
         plain = next((ms for ms, s in scored if s.mode is Mode.AR), None)
         predicted = {s: ms for ms, s in scored}
-        if plain is not None and best.mode is not Mode.AR and predicted[best] > self._gain(best, Structure(Mode.AR)) * plain:
+        stay = incumbent is not None and best.mode is incumbent.mode and self.ratios.cycles(best.mode) >= REALIZED_CYCLES
+        if plain is not None and best.mode is not Mode.AR and predicted[best] > (
+                1.0 if stay else self._gain(best, Structure(Mode.AR))) * plain:  # (STAY_ON_MEASURED)
             best = Structure(Mode.AR)  # a predicted gain smaller than the model's own error
         best = self.kept_length(best, incumbent, settings)  # the settings' or the running draft length
         if incumbent is not None and best.mode is incumbent.mode:  # unless another is clearly cheaper;

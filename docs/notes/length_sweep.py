@@ -1,0 +1,49 @@
+"""One fixed mode at several draft lengths, side by side with ar as the bench runs our methods (one
+session each on one prefill, asked for tokens in turn, the order rotated by one each repeat): which
+length the fixed mode would want at this cell, and how far apart the lengths run. Prints each
+repeat's ms/token, then the medians and the paired ratios to ar over the answers after the first.
+Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=. .venv/bin/python \
+    docs/notes/length_sweep.py CONTEXT WORKLOAD REPEATS MODE LENGTHS
+e.g. docs/notes/length_sweep.py 2048 qa 7 retrieval-only 2,3,4,6,8 (LENGTHS: γ2, or γ1 for draft-only)"""
+import statistics
+import sys
+
+import torch
+from engine.cli.chat_cmd import default_budget
+from engine.decoding.session import ChatSession
+from engine.model.loading import load_folder
+from engine.settings import DecodeSettings
+from engine.store.models import resolve_model
+from engine.tools.bench import build_prompt
+from engine.tools.bench_steps import run_side_by_side
+from engine.tools.sample_text import sample_text
+
+torch.set_num_threads(2)
+ctx, workload, reps, mode = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+lengths = [int(x) for x in sys.argv[5].split(",")]
+model = load_folder(resolve_model("bundled"))
+base = DecodeSettings(budget=default_budget(ctx, DecodeSettings().chunk)).replace(
+    max_new_tokens=64, stop=(), ignore_eos=True)
+prompt = build_prompt(model, sample_text(), ctx, workload)
+named = {"ar": base.replace(mode="ar")}
+for g in lengths:
+    named[f"g{g}"] = base.replace(mode=mode, **({"gamma1": g} if mode == "draft-only" else {"gamma2": g}))
+names = list(named)
+sessions = {n: ChatSession(model, s, draft="ngram", capacity=len(prompt) + 128) for n, s in named.items()}
+first = sessions["ar"]
+first.update_settings(base.replace(mode="ar", max_new_tokens=1))  # the prefill, once, copied to the others
+for _ in first.stream_ids(prompt):
+    pass
+first.update_settings(named["ar"])
+for n in names[1:]:
+    sessions[n].copy_held_from(first)
+times = {n: [] for n in names}
+for r in range(reps):
+    turn = r % len(names)
+    got = run_side_by_side(sessions, names[turn:] + names[:turn], prompt)
+    for n in names:
+        times[n].append(got[n].ms_per_token)
+    print(r, {n: round(got[n].ms_per_token, 2) for n in names}, flush=True)
+print("median", {n: round(statistics.median(v[1:]), 2) for n, v in times.items()})
+print("ratio to ar (paired median, later answers)",
+      {n: round(statistics.median([a / b for a, b in zip(times["ar"][1:], v[1:])]), 3) for n, v in times.items()})
