@@ -231,8 +231,8 @@ def _cycle(p: Policy, slow: float = 1.0, tokens: int | None = None) -> Structure
 def test_an_l1_structure_priced_up_near_ar_runs_again_within_close_every_cycles():
     """retrieval-only runs at 0.82x ar by the model; six cycles that yield 2 tokens of 7 at 1.3x
     their time price it at 1.03x ar, and auto falls back to ar (a running structure stays while it
-    is priced under ar: policy.STAY_ON_MEASURED; four such cycles priced it at 0.99x, where it now stays). Its cycles then cost what the model
-    says again, but its price does not move while it does not run: at qa 1K (Zen 4) auto ran ar for
+    is priced under ar: policy.STAY_ON_MEASURED; four such cycles priced it at 0.99x, where it now
+    stays). Its cycles then cost what the model says again, but its price does not move while it does not run: at qa 1K (Zen 4) auto ran ar for
     the answer's last 24 cycles, that answer at 1.07x fixed retrieval-only's ms/token. Within 1.1x of
     ar's price, it runs one cycle once CLOSE_EVERY have run without it, and auto goes back to it.
     (On the old code: 36 ar cycles, until the runner-up's refresh.)"""

@@ -10,12 +10,11 @@ import sys
 
 import torch
 from engine.cli.chat_cmd import default_budget
-from engine.decoding.session import ChatSession
 from engine.model.loading import load_folder
 from engine.settings import DecodeSettings
 from engine.store.models import resolve_model
 from engine.tools.bench import build_prompt
-from engine.tools.bench_steps import run_side_by_side
+from engine.tools.bench_steps import named_sessions_on_one_prefill, run_side_by_side
 from engine.tools.sample_text import sample_text
 
 torch.set_num_threads(2)
@@ -29,14 +28,7 @@ named = {"ar": base.replace(mode="ar")}
 for g in lengths:
     named[f"g{g}"] = base.replace(mode=mode, **({"gamma1": g} if mode == "draft-only" else {"gamma2": g}))
 names = list(named)
-sessions = {n: ChatSession(model, s, draft="ngram", capacity=len(prompt) + 128) for n, s in named.items()}
-first = sessions["ar"]
-first.update_settings(base.replace(mode="ar", max_new_tokens=1))  # the prefill, once, copied to the others
-for _ in first.stream_ids(prompt):
-    pass
-first.update_settings(named["ar"])
-for n in names[1:]:
-    sessions[n].copy_held_from(first)
+sessions = named_sessions_on_one_prefill(model, named, prompt, "ngram", len(prompt) + 128)
 times = {n: [] for n in names}
 for r in range(reps):
     turn = r % len(names)

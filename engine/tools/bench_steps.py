@@ -40,14 +40,21 @@ def sessions_on_one_prefill(model, methods: list[str], prompt: list[int], settin
                             capacity: int) -> dict[str, ChatSession]:
     """A session per method, each holding the prompt's K/V: prefilled once (by a one-token answer in
     the first session) and copied to the others."""
-    sessions = {m: ChatSession(model, settings.replace(mode=m), draft=draft, capacity=capacity) for m in methods}
-    first = sessions[methods[0]]
-    first.update_settings(settings.replace(mode="ar", max_new_tokens=1))
+    return named_sessions_on_one_prefill(model, {m: settings.replace(mode=m) for m in methods}, prompt, draft, capacity)
+
+
+def named_sessions_on_one_prefill(model, named: dict[str, DecodeSettings], prompt: list[int], draft,
+                                  capacity: int) -> dict[str, ChatSession]:
+    """`sessions_on_one_prefill` with each session's own settings (one mode at several draft lengths, say)."""
+    sessions = {name: ChatSession(model, s, draft=draft, capacity=capacity) for name, s in named.items()}
+    first_name = next(iter(named))
+    first = sessions[first_name]
+    first.update_settings(named[first_name].replace(mode="ar", max_new_tokens=1))
     for _ in first.stream_ids(prompt):
         pass
-    first.update_settings(settings.replace(mode=methods[0]))
-    for method in methods[1:]:
-        sessions[method].copy_held_from(first)
+    first.update_settings(named[first_name])
+    for name in list(named)[1:]:
+        sessions[name].copy_held_from(first)
     return sessions
 
 
