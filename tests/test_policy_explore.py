@@ -4,7 +4,8 @@ token costs L2 a large share more (8K on two Zen 1 cores: 46 ms for one token, 1
 for seven), and never the model's longer best."""
 from __future__ import annotations
 
-from engine.decoding.policy import EXPLORE_CHECK, EXPLORE_CYCLES, Policy
+from engine.decoding.policy import EXPLORE_CYCLES, Policy
+from engine.decoding.retrieval_choice import EXPLORE_CHECK
 from engine.decoding.structure import Structure
 from engine.settings import DecodeSettings, Mode
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from engine.decoding.lookup_replay import MIN_REPLAY
+from engine.decoding.measurements import Acceptance
 from engine.decoding.policy import EXPLORE_CYCLES, REFRESH_MARGIN, Policy
 from engine.decoding.size_retime import (CLOSE_EVERY, CLOSE_MARGIN, LENGTH_GAIN, REFRESH_CYCLES, SIZE_RETIME,
                                          check_size)
@@ -287,3 +288,48 @@ def test_a_close_contender_runs_ever_more_seldom_until_it_wins():
     assert ran[0] == 0 and [b - a for a, b in zip(ran, ran[1:])] == [CLOSE_EVERY, 2 * CLOSE_EVERY, 4 * CLOSE_EVERY]
     p.refresh_won(l1.mode)  # (its last cycle CLOSE_EVERY ago: it may run at once)
     assert probes(4 * CLOSE_EVERY) == [0, CLOSE_EVERY, 3 * CLOSE_EVERY]
+
+
+def _stand_in_policy() -> Policy:
+    """draft-only whose lookups find drafts the target never keeps (acceptance 0): every length
+    costs its check per token, over ar's 30 ms. Its checks were timed while the 1-token one ran at
+    twice its cost; that one has since fallen to its cost, so the stale sizes read at about half
+    theirs (a 2-token check at 19 ms), and four cycles at γ1 = 4 keep its 5-token check fresh."""
+    p = _policy()
+    p.acceptance["l0_l2"] = Acceptance(0.0)
+    for _ in range(200):
+        p.observe("l0_l2", 10, 0)
+    for _ in range(20):
+        for n in range(1, 8):
+            p.costs.record("l2", n, (2.0 if n == 1 else 1.0) * _quiet(n))
+    for _ in range(8):
+        p.costs.record("l2", 1, _quiet(1))
+    four = Structure(Mode.DRAFT_ONLY, 4, AUTO.gamma2)
+    for _ in range(4):
+        p._ran(four)
+        p.costs.record("l2", 5, _quiet(5))
+        p.realized(four, _quiet(5), 1, checked=5, forwards=[("l2", 5)])
+    p.reprice()
+    return p
+
+
+def test_a_length_kept_for_the_best_one_runs_only_if_it_too_is_cheaper_than_ar():
+    """The model's best length, priced off a stale check, beats ar; the length kept in its place
+    (one whose check is fresh) costs more than ar. That one must not run: ar runs, and the best
+    length runs one cycle at a time to time its check. (continue 2K, Zen 4: a first answer ran a
+    stand-in priced 12.4-13.4 ms/token beside ar's 10.3-10.5 for 18 cycles; on the old code here
+    γ1 = 1 at 37.9 ms/token ran 8 of 12 cycles beside ar's 30.)"""
+    p = _stand_in_policy()
+    ar_price = p.seconds_per_token(Structure(Mode.AR))
+    assert p.seconds_per_token(Structure(Mode.DRAFT_ONLY, 1, AUTO.gamma2)) < 0.9 * ar_price  # (at the stale price)
+    ran, probes = [], 0
+    for _ in range(24):
+        s = p.choose(AUTO, has_l0=True, context_tokens=1024)
+        if s.mode is not Mode.AR:
+            assert not p.costs.fresh("l2", check_size(s)), [x.label for x in ran + [s]]  # a re-time, or nothing
+            probes += 1
+        size = check_size(s)
+        p.costs.record("l2", size, _quiet(size))
+        p.realized(s, _quiet(size), 1, checked=size, forwards=[("l2", size)])
+        ran.append(s)
+    assert 1 <= probes <= 6 and sum(s.mode is Mode.AR for s in ran) >= 18, [s.label for s in ran]

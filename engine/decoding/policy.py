@@ -17,6 +17,10 @@ The choice is re-scored at each turn, every RESCORE_EVERY cycles and whenever an
 moves by SHIFT, and changes only between cycles; a switch needs a SWITCH_GAIN advantage, and leaving
 ar a SPECULATION_GAIN one (MEASURED_GAIN once the structure's own cycles have corrected its
 prediction); a running structure so corrected stays until ar is predicted cheaper (STAY_ON_MEASURED).
+The draft length kept for the choice (the running one, the settings', or at a stale check's price a
+fresh length's: size_retime.kept_length) must be priced under ar too, else ar runs, or one cycle of
+the model's best times its stale check (KEPT_UNDER_AR: at continue 2K a stand-in at 12.9 ms/token
+ran beside ar's 10.3 for 18 cycles of a first answer).
 An L1 structure is explored with drafts of the settings' γ2 tokens, fewer where such a check costs
 over EXPLORE_CHECK one-token checks. Every cycle's output is an exact sample whatever structure ran
 it, so switching never changes what is generated.
@@ -73,7 +77,7 @@ from engine.decoding.lookup_replay import LOOKUP_TOKENS, LookupLog
 from engine.decoding.measurements import Acceptance, Novelty, StepCosts
 from engine.decoding.policy_inputs import CostInputs
 from engine.decoding.realized import OUTLIER, Realized, settle
-from engine.decoding.retrieval_choice import RetrievalChoices
+from engine.decoding.retrieval_choice import MAX_GAMMA2, RetrievalChoices
 from engine.decoding.size_retime import SizeRetimes, SizeRetimeState, draft_rules
 from engine.decoding.structure import Structure
 from engine.events import CandidateCost
@@ -81,7 +85,6 @@ from engine.settings import MAX_DRAFT, DecodeSettings, Mode
 
 EXPLORE_CYCLES = 3
 EXPLORE_MARGIN = 1.5  # explore an untried structure if its optimistic ms/token <= 1.5x the best's
-EXPLORE_CHECK = 2.5  # ... with L1 drafts whose L2 check costs <= 2.5 one-token checks (at least 2 tokens)
 RESCORE_EVERY = 4  # re-score at least every 4 cycles ...
 SHIFT = 0.1  # ... or as soon as any acceptance estimate moved this much since the last scoring
 SWITCH_GAIN = 0.92  # switch only if the best predicts <= 92% of the current structure's ms/token
@@ -94,7 +97,6 @@ MEASURED_GAIN = 0.95
 # STAY_ON_MEASURED: a measured running structure stays until ar is cheaper (else no band to stay in: qa 1K, 44th pass)
 REALIZED_CYCLES = 3
 MAX_GAMMA1 = 8
-MAX_GAMMA2 = 12  # gamma1 + gamma2 + 2 stays inside the retrieval cache's minimum headroom (128 / 2)
 GROW = 2  # a forward may check at most 2 tokens more than the largest one timed at its level
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 REFRESH_MARGIN = 1.3  # the runner-up refreshed (every REFRESH_CYCLES cycles at first) if predicted within 1.3x of the best
@@ -224,7 +226,14 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
         if plain is not None and best.mode is not Mode.AR and predicted[best] > (
                 1.0 if stay else self._gain(best, Structure(Mode.AR))) * plain:  # (STAY_ON_MEASURED)
             best = Structure(Mode.AR)  # a predicted gain smaller than the model's own error
-        best = self.kept_length(best, incumbent, settings)  # the settings' or the running draft length
+        kept = self.kept_length(best, incumbent, settings)  # the settings' or the running draft length
+        if plain and kept != best and (self.seconds_per_token(kept) or 0.0) + self._switch_cost(kept, remaining) > plain:
+            probe = self.untimed_probe(l1_ok)  # (KEPT_UNDER_AR) the length kept is priced over ar: the
+            if probe is not None:  # model's best, priced off a stale check, runs one cycle to time it
+                self._settled = False
+                return self._probe(probe)
+            kept = Structure(Mode.AR)
+        best = kept
         if incumbent is not None and best.mode is incumbent.mode:  # unless another is clearly cheaper;
             retime = self.size_probe(best)  # staying on a mode, a length priced off a stale check runs once
             if retime is not None:
@@ -246,25 +255,6 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
         if current.mode is not Mode.AR:
             return SWITCH_GAIN
         return MEASURED_GAIN if self.ratios.cycles(best.mode) >= REALIZED_CYCLES else SPECULATION_GAIN
-
-    def _explored_at(self, s: Structure, settings: DecodeSettings, remaining: int | None) -> Structure:
-        """The gammas an L1 structure is explored (or refreshed) at: drafts of settings.gamma2 tokens
-        for L2 to check, fewer where such a check costs over EXPLORE_CHECK one-token checks, and
-        never the model's longer best. At γ2 = 1-2 L1's acceptance stayed near its prior (0.83-0.93
-        read against 0.95-0.98 at γ2 = 6), so explored short, retrieval-only was never chosen at
-        qa 1-2K where fixed γ2 = 6 beat ar by 10 %: a long first draft times a long check and reads
-        the acceptance. But each checked token costs L2 a fixed share more (Zen 1: 1K 8 ms, 8K
-        22-30 ms over 28-46 for one), so at 8K a 7-token exploration check ran 3-4 one-token steps
-        (qa 8K: three cycles of 327-475 ms for 12 tokens, 96 ms/token against 52 for the answer's ar
-        cycles), and one grown to the model's best once a long check held ran longer still (continue
-        8K: 553 ms at γ2 = 8, and an 11-token check 548 ms)."""
-        want = min(settings.gamma2, MAX_GAMMA2, MAX_GAMMA2 if remaining is None else remaining - 1)
-        if not s.mode.uses_l1 or want < 1:
-            return s
-        one = self._c("l2", 1)
-        while want > 2 and one is not None and self._c("l2", want + 1) > EXPLORE_CHECK * one:
-            want -= 1
-        return s if s.gamma2 == want else Structure(s.mode, s.gamma1, want)
 
     def _close_explorations(self, but: Mode | None = None) -> None:
         """A structure's exploration is one run of consecutive cycles: once a scoring leaves it

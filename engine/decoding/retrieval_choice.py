@@ -1,6 +1,7 @@
 """The retrieval level's side of the `auto` policy (engine/decoding/policy.py): whether an L1
 structure can pay at all at this context, the retrieval budget for the next turn, what a switch to
-L1 costs while its cache is not built for the prompt, and whether to build it before the first token.
+L1 costs while its cache is not built for the prompt, whether to build it before the first token,
+and how long a draft an L1 structure is explored with.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ L1_MAX_SHARE = 0.5  # under auto, L1 structures only while the retrieval cache h
 SETUP_HORIZON = 64  # a retrieval cache built to switch to an L1 structure must pay for itself in 64 tokens
 # shrink the budget only where that is predicted to cut L1's forward by 15 % or more (its KV's share)
 SHRINK_SAVING = 0.15
+MAX_GAMMA2 = 12  # gamma1 + gamma2 + 2 stays inside the retrieval cache's minimum headroom (128 / 2)
+EXPLORE_CHECK = 2.5  # an L1 structure is explored with drafts whose L2 check costs <= 2.5 one-token checks (at least 2 tokens)
 PROBE_SETUP_STEPS = 2.0  # a refresh may probe an L1 structure from ar where building its cache costs <= 2 steps
 
 
@@ -118,3 +121,22 @@ class RetrievalChoices:
             return 0.0
         horizon = SETUP_HORIZON if remaining is None else max(1, min(SETUP_HORIZON, remaining))
         return self.setup_s / horizon
+
+    def _explored_at(self, s: Structure, settings: DecodeSettings, remaining: int | None) -> Structure:
+        """The gammas an L1 structure is explored (or refreshed) at: drafts of settings.gamma2 tokens
+        for L2 to check, fewer where such a check costs over EXPLORE_CHECK one-token checks, and
+        never the model's longer best. At γ2 = 1-2 L1's acceptance stayed near its prior (0.83-0.93
+        read against 0.95-0.98 at γ2 = 6), so explored short, retrieval-only was never chosen at
+        qa 1-2K where fixed γ2 = 6 beat ar by 10 %: a long first draft times a long check and reads
+        the acceptance. But each checked token costs L2 a fixed share more (Zen 1: 1K 8 ms, 8K
+        22-30 ms over 28-46 for one), so at 8K a 7-token exploration check ran 3-4 one-token steps
+        (qa 8K: three cycles of 327-475 ms for 12 tokens, 96 ms/token against 52 for the answer's ar
+        cycles), and one grown to the model's best once a long check held ran longer still (continue
+        8K: 553 ms at γ2 = 8, and an 11-token check 548 ms)."""
+        want = min(settings.gamma2, MAX_GAMMA2, MAX_GAMMA2 if remaining is None else remaining - 1)
+        if not s.mode.uses_l1 or want < 1:
+            return s
+        one = self._c("l2", 1)
+        while want > 2 and one is not None and self._c("l2", want + 1) > EXPLORE_CHECK * one:
+            want -= 1
+        return s if s.gamma2 == want else Structure(s.mode, s.gamma1, want)

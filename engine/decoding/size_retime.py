@@ -237,10 +237,10 @@ class SizeRetimes:
             won = check_size(incumbent) == check_size(state.probed)  # (the choice after the re-time)
             state.every = SIZE_RETIME if won else min(SIZE_RETIME_MAX, 2 * state.every)
             state.probed = None
-        waiting = state.untimed_best and self._stale_part(state.untimed_best)
-        if (waiting is not None and waiting.mode is incumbent.mode and state.since >= UNTIMED_SPACING
-                and due(state.next_at, (waiting.mode, check_size(waiting)), self._cycles)):
-            return self._retime(waiting)  # the best length by a stale price: its check timed first
+        if state.untimed_best is not None and state.untimed_best.mode is incumbent.mode:
+            waiting = self.untimed_probe(True)  # the best length by a stale price: its check timed first
+            if waiting is not None:
+                return waiting
         if state.since < state.every or incumbent.mode is Mode.AR:
             return None
         now = self.seconds_per_token(incumbent)
@@ -262,6 +262,17 @@ class SizeRetimes:
             if hoped < now and (best is None or hoped < best[0]):
                 best = (hoped, s)
         return None if best is None else self._retime(best[1])
+
+    def untimed_probe(self, l1_ok: bool) -> Structure | None:
+        """The model's best length, which kept_length set aside for a fresh length because its check
+        is stale, to run for one cycle that times that check (at most once in UNTIMED_SPACING
+        cycles, each check size ever more seldom; an L1 one only where `l1_ok`), or None."""
+        state = self._sizes
+        waiting = state.untimed_best and self._stale_part(state.untimed_best)
+        if (waiting is None or state.since < UNTIMED_SPACING or (waiting.mode.uses_l1 and not l1_ok)
+                or not due(state.next_at, (waiting.mode, check_size(waiting)), self._cycles)):
+            return None
+        return self._retime(waiting)
 
     def _stale_part(self, s: Structure) -> Structure:
         """What times `s`'s stale check in one cycle: `s`, or for a rule (whose long draft may not
