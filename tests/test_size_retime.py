@@ -317,7 +317,7 @@ def test_a_length_kept_for_the_best_one_runs_only_if_it_too_is_cheaper_than_ar()
     """The model's best length, priced off a stale check, beats ar; the length kept in its place
     (one whose check is fresh) costs more than ar. That one must not run: ar runs, and the best
     length runs one cycle at a time to time its check. (continue 2K, Zen 4: a first answer ran a
-    stand-in priced 12.4-13.4 ms/token beside ar's 10.3-10.5 for 18 cycles; on the old code here
+    stand-in priced 12.4-13.4 ms/token beside ar's 10.3-10.5 for 11 cycles; on the old code here
     γ1 = 1 at 37.9 ms/token ran 8 of 12 cycles beside ar's 30.)"""
     p = _stand_in_policy()
     ar_price = p.seconds_per_token(Structure(Mode.AR))

@@ -19,8 +19,8 @@ ar a SPECULATION_GAIN one (MEASURED_GAIN once the structure's own cycles have co
 prediction); a running structure so corrected stays until ar is predicted cheaper (STAY_ON_MEASURED).
 The draft length kept for the choice (the running one, the settings', or at a stale check's price a
 fresh length's: size_retime.kept_length) must be priced under ar too, else ar runs, or one cycle of
-the model's best times its stale check (KEPT_UNDER_AR: at continue 2K a stand-in at 12.9 ms/token
-ran beside ar's 10.3 for 18 cycles of a first answer).
+the model's best times its stale check (KEPT_UNDER_AR: at continue 2K a stand-in at 12.4-13.4
+ms/token ran beside ar's 10.3-10.5 for 11 cycles of a first answer).
 An L1 structure is explored with drafts of the settings' γ2 tokens, fewer where such a check costs
 over EXPLORE_CHECK one-token checks. Every cycle's output is an exact sample whatever structure ran
 it, so switching never changes what is generated.
