@@ -133,14 +133,19 @@ def test_a_runner_up_that_keeps_losing_its_refresh_is_refreshed_ever_more_seldom
     assert p.refresh_due(Mode.DRAFT_ONLY)
 
 
+def _time_in_a_spell_on_one_token(p: Policy) -> None:
+    """Every check size timed (20 times) while the 1-token check ran at twice its cost."""
+    for _ in range(20):
+        for n in range(1, 8):
+            p.costs.record("l2", n, (2.0 if n == 1 else 1.0) * _quiet(n))
+
+
 def _skewed_policy() -> Policy:
     """As _quiet_policy, but every size timed while the 1-token check ran at twice its cost (a
     slow spell that hit it alone), then γ1 = 4 run quiet for 12 cycles: the 1-token check falls
     to its cost, and the untimed sizes, read as moving with it, fall to about half of theirs."""
     p = _policy()
-    for _ in range(20):
-        for n in range(1, 8):
-            p.costs.record("l2", n, (2.0 if n == 1 else 1.0) * _quiet(n))
+    _time_in_a_spell_on_one_token(p)
     _run(p, 12)
     for _ in range(4):  # (the empty lookups' plain steps)
         p.costs.record("l2", 1, _quiet(1))
@@ -299,9 +304,7 @@ def _stand_in_policy() -> Policy:
     p.acceptance["l0_l2"] = Acceptance(0.0)
     for _ in range(200):
         p.observe("l0_l2", 10, 0)
-    for _ in range(20):
-        for n in range(1, 8):
-            p.costs.record("l2", n, (2.0 if n == 1 else 1.0) * _quiet(n))
+    _time_in_a_spell_on_one_token(p)
     for _ in range(8):
         p.costs.record("l2", 1, _quiet(1))
     four = Structure(Mode.DRAFT_ONLY, 4, AUTO.gamma2)

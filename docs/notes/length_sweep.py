@@ -2,28 +2,18 @@
 session each on one prefill, asked for tokens in turn, the order rotated by one each repeat): which
 length the fixed mode would want at this cell, and how far apart the lengths run. Prints each
 repeat's ms/token, then the medians and the paired ratios to ar over the answers after the first.
-Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=. .venv/bin/python \
+Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=docs/notes:. .venv/bin/python \
     docs/notes/length_sweep.py CONTEXT WORKLOAD REPEATS MODE LENGTHS
 e.g. docs/notes/length_sweep.py 2048 qa 7 retrieval-only 2,3,4,6,8 (LENGTHS: γ2, or γ1 for draft-only)"""
 import statistics
 import sys
 
-import torch
-from engine.cli.chat_cmd import default_budget
-from engine.model.loading import load_folder
-from engine.settings import DecodeSettings
-from engine.store.models import resolve_model
-from engine.tools.bench import build_prompt
+from side_cell import cell
 from engine.tools.bench_steps import named_sessions_on_one_prefill, run_side_by_side
-from engine.tools.sample_text import sample_text
 
-torch.set_num_threads(2)
-ctx, workload, reps, mode = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+reps, mode = int(sys.argv[3]), sys.argv[4]
 lengths = [int(x) for x in sys.argv[5].split(",")]
-model = load_folder(resolve_model("bundled"))
-base = DecodeSettings(budget=default_budget(ctx, DecodeSettings().chunk)).replace(
-    max_new_tokens=64, stop=(), ignore_eos=True)
-prompt = build_prompt(model, sample_text(), ctx, workload)
+model, base, prompt = cell(int(sys.argv[1]), sys.argv[2])
 named = {"ar": base.replace(mode="ar")}
 for g in lengths:
     named[f"g{g}"] = base.replace(mode=mode, **({"gamma1": g} if mode == "draft-only" else {"gamma2": g}))

@@ -13,15 +13,19 @@ from engine.tools.bench_steps import run_side_by_side, sessions_on_one_prefill
 from engine.tools.sample_text import sample_text
 
 
-def side_cell(argv: list[str]):
-    """-> (repeats, methods, prompt, sessions) for the cell argv names."""
+def cell(ctx: int, workload: str):
+    """-> (model, settings, prompt): the bundled model, the bench's settings and prompt for the cell."""
     torch.set_num_threads(2)
-    ctx, workload, reps = int(argv[1]), argv[2], int(argv[3])
-    methods = ["auto"] + argv[4].split(",")
     model = load_folder(resolve_model("bundled"))
     base = DecodeSettings(budget=default_budget(ctx, DecodeSettings().chunk)).replace(
         max_new_tokens=64, stop=(), ignore_eos=True)
-    prompt = build_prompt(model, sample_text(), ctx, workload)
+    return model, base, build_prompt(model, sample_text(), ctx, workload)
+
+
+def side_cell(argv: list[str]):
+    """-> (repeats, methods, prompt, sessions) for the cell argv names."""
+    reps, methods = int(argv[3]), ["auto"] + argv[4].split(",")
+    model, base, prompt = cell(int(argv[1]), argv[2])
     return reps, methods, prompt, sessions_on_one_prefill(model, methods, prompt, base, "ngram", len(prompt) + 128)
 
 
