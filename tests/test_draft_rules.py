@@ -8,7 +8,9 @@ import pytest
 
 from engine.decoding.policy import EXPLORE_CYCLES, Policy, Structure
 from engine.decoding.session import ChatSession
-from engine.decoding.size_retime import LENGTH_GAIN, RULE_LONG, RULE_SHORT
+from engine.decoding.lookup_replay import REPLAY_POSITIONS
+from engine.decoding.measurements import STALE
+from engine.decoding.size_retime import LENGTH_GAIN, RULE_LONG, RULE_SHORT, RULE_STALE_SHARE
 from engine.events import ChatMessage, DocumentText
 from engine.model.loading import load_folder
 from engine.settings import DecodeSettings, Mode
@@ -76,6 +78,86 @@ def test_a_rule_with_stale_checks_is_re_timed_one_length_then_the_other_and_then
     assert labels.index(long.label) < labels.index(short.label) < first_rule, labels
     assert labels[:labels.index(long.label)] == ["draft-only g1=4"] * labels.index(long.label)  # the settings' γ1
     assert set(labels[first_rule:]) == {rule.label}, labels
+
+
+def _runs(*runs: tuple[tuple[int, int], int]) -> list[tuple[int, int]]:
+    return [item for item, count in runs for _ in range(count)]
+
+
+# the lookups settled over one answer at continue 2K (bundled model, the bench's prompt; every answer
+# the same): (tokens offered, of them the target kept), and L2's check by tokens checked there (ms,
+# docs/notes/check_sizes_ms.py 2048, Zen 4)
+CONTINUE_2K = _runs(((0, 0), 1), ((8, 0), 2), ((0, 0), 2), ((8, 0), 1), ((0, 0), 2), ((8, 0), 1), ((0, 0), 4),
+                    ((8, 0), 1), ((0, 0), 2), ((8, 0), 1), ((0, 0), 2), ((3, 3), 2), ((3, 2), 1), ((3, 1), 1),
+                    ((3, 0), 1), ((8, 1), 1), ((8, 0), 1), ((0, 0), 1), ((8, 0), 2), ((0, 0), 1), ((8, 2), 1),
+                    ((8, 1), 1), ((8, 0), 1), ((0, 0), 4), ((8, 1), 1), ((8, 0), 2), ((0, 0), 1), ((8, 2), 1),
+                    ((8, 1), 1), ((8, 0), 1), ((8, 2), 1), ((8, 1), 1), ((3, 3), 5), ((3, 2), 1), ((3, 1), 1),
+                    ((3, 0), 1), ((8, 8), 2))
+CHECK_MS_2K = (15.5, 17.4, 19.3, 21.4, 24.7, 28.6, 32.9, 34.3, 39.2)
+
+
+def _stale_but(history: list[tuple[int, int]], fresh: tuple[int, ...]) -> Policy:
+    """A policy that timed every check size (CHECK_MS_2K; L1 as dear, never worth it), then only
+    the sizes in `fresh` for STALE forwards, `history` its logged lookups."""
+    p = Policy()
+    for n, ms in enumerate(CHECK_MS_2K, 1):
+        p.costs.record("l2", n, ms / 1e3)
+        p.costs.record("l1", n, ms / 1e3)
+    for _ in range(STALE):
+        for n in fresh:
+            p.costs.record("l2", n, CHECK_MS_2K[n - 1] / 1e3)
+    for m in Mode:
+        p.tried[m] = EXPLORE_CYCLES
+    p.lookups.settled.extend(history[-REPLAY_POSITIONS:])
+    return p
+
+
+def test_a_rule_whose_stale_long_checks_weigh_little_runs_at_its_price():
+    """A rule's long checks come only after a draft kept whole: at continue 2K, 2/8 checked 9
+    tokens twice in an answer's 39 cycles, so its long check was seldom fresh, a fresh length stood
+    in for it, and 2/8, forced, ran at 0.96x γ1 = 2's ms/token and 0.92x γ1 = 4's. Stale
+    long checks that weigh at most RULE_STALE_SHARE of the rule's replayed time let it run."""
+    p = _stale_but(CONTINUE_2K * 4, fresh=(1, 3))  # (γ1 = 2 ran: its checks alone are fresh)
+    rule = Structure(Mode.DRAFT_ONLY, 2, AUTO.gamma2, 8)
+    singles = [p.seconds_per_token(Structure(Mode.DRAFT_ONLY, g, AUTO.gamma2)) for g in range(1, 9)]
+    rules = [p.seconds_per_token(Structure(Mode.DRAFT_ONLY, a, AUTO.gamma2, b)) for a in RULE_SHORT for b in RULE_LONG]
+    assert p.seconds_per_token(rule) == min(rules) < LENGTH_GAIN * min(singles)
+    assert not p.costs.fresh("l2", 9) and 0 < p._stale_share(rule) <= RULE_STALE_SHARE
+    chosen = p.choose(AUTO, has_l0=True, context_tokens=2048)
+    assert chosen.label == rule.label, p.candidates
+
+
+def test_a_rule_whose_short_check_is_stale_re_times_that_one_when_its_long_ones_weigh_little():
+    """γ1 = 4 ran (its checks alone fresh) where 2/8 is cheapest: the stand-in runs, then one cycle
+    of γ1 = 2 times the rule's short check, and the rule runs. (Its long length first, as where
+    the long checks weigh much, would time a 9-token check only where the lookup offers 8 tokens:
+    at continue 1K auto ran γ1 = 8 one cycle an answer and stayed on γ1 = 4.)"""
+    p = _stale_but(CONTINUE_2K * 4, fresh=(1, 5))
+    rule = Structure(Mode.DRAFT_ONLY, 2, AUTO.gamma2, 8)
+    assert not p.costs.fresh("l2", 3) and p._stale_share(rule) <= RULE_STALE_SHARE
+    ran = []
+    for _ in range(12):
+        s = p.choose(AUTO, has_l0=True, context_tokens=2048)
+        ran.append(s.label)
+        size = s.gamma1 + 1  # (a rule's short draft)
+        p.costs.record("l2", size, CHECK_MS_2K[size - 1] / 1e3)
+        p.realized(s, CHECK_MS_2K[size - 1] / 1e3, 2, checked=size)
+    assert "draft-only g1=8" not in ran, ran
+    assert ran.index("draft-only g1=2") < ran.index(rule.label) and set(ran[-4:]) == {rule.label}, ran
+
+
+def test_a_rule_whose_stale_long_checks_weigh_much_waits_for_their_re_time():
+    """Text that copies in long stretches runs its long checks for much of a rule's time: stale,
+    they could move its price by much of their own error, so a length whose checks are fresh runs
+    until they are re-timed (test_a_rule_with_stale_checks_is_re_timed_...)."""
+    p = _stale_but(STRETCHES, fresh=tuple(range(1, 6)))
+    rules = {(a, b): p.seconds_per_token(Structure(Mode.DRAFT_ONLY, a, AUTO.gamma2, b)) for a in RULE_SHORT for b in RULE_LONG}
+    a, b = min(rules, key=rules.get)
+    rule = Structure(Mode.DRAFT_ONLY, a, AUTO.gamma2, b)
+    assert not p.costs.fresh("l2", b + 1) and p.costs.fresh("l2", a + 1)
+    assert p._stale_share(rule) > RULE_STALE_SHARE
+    chosen = p.choose(AUTO, has_l0=True, context_tokens=2048)
+    assert chosen.mode is Mode.DRAFT_ONLY and not chosen.after_full and p.costs.fresh("l2", chosen.gamma1 + 1)
 
 
 @pytest.fixture(scope="module")

@@ -189,12 +189,24 @@ class LookupLog:
         positions are settled."""
         if not self.ready():
             return None
+        walk = self._walk(gamma, after_full)
+        seconds = sum(count * forward(size) for size, count in walk.checks.items() if count)
+        return seconds, walk.tokens, len(walk.cycles)
+
+    def replay_checks(self, gamma: int, after_full: int = 0) -> dict[int, int]:
+        """How many of `replay(gamma, after_full)`'s cycles check each number of tokens (empty when
+        too few positions are settled)."""
+        if not self.ready():
+            return {}
+        return {size: count for size, count in self._walk(gamma, after_full).checks.items() if count}
+
+    def _walk(self, gamma: int, after_full: int) -> Walk:
+        """The rule's walk, brought up to the window (the positions new since the last replay: a few a cycle)."""
         walk = self._walks.get((gamma, after_full))
         if walk is None:
             walk = self._walks[gamma, after_full] = Walk(gamma, after_full)
-        walk.follow(self.settled)  # the positions new since the last replay (a few per cycle)
-        seconds = sum(count * forward(size) for size, count in walk.checks.items() if count)
-        return seconds, walk.tokens, len(walk.cycles)
+        walk.follow(self.settled)
+        return walk
 
     def replay_tagged(self, tag: object, gamma: int, forward: Callable[[int], float]) -> tuple[float, int]:
         """draft-only with draft length `gamma` over only the settled positions tagged `tag`: each

@@ -58,6 +58,12 @@ CLOSE_EVERY = 16  # ... runs one cycle once 16 have run without it (ever more se
 # best single length, 2K 2/8 at 0.98x, 8K 1/6 at 0.93x; qa and continue 4K: a single length best)
 RULE_SHORT = range(1, 6)
 RULE_LONG = (6, 8)
+# a rule's long checks come only after a draft kept whole (continue 2K, Zen 4: 2/8 checked 9 tokens
+# twice and 4 tokens twice in an answer's 39 cycles), so they were seldom all fresh and the rule,
+# cheapest, seldom ran: a fresh length stood in (forced, 2/8 ran at 0.96x γ1 = 2's ms/token and 0.92x
+# γ1 = 4's, medians of five answers). Stale, they may still weigh where they are at most this share of
+# the rule's replayed seconds (22 % there; the 9-token check's table price read 11 % under its cost)
+RULE_STALE_SHARE = 0.25
 
 
 def draft_rules(s: Structure) -> list[Structure]:
@@ -96,7 +102,7 @@ class SizeRetimeState:
 
 class SizeRetimes:
     """Methods of Policy (its base class). They read its costs, lookups, _cycles and _sizes (a
-    SizeRetimeState), call its scoring (seconds_per_token, _within_measured, _lengths, _c), and
+    SizeRetimeState), call its scoring (seconds_per_token, _within_measured, _lengths, _c, _l2_row), and
     kept_length rewrites its candidates' entry for the length it keeps."""
 
     def refresh_time(self) -> bool:
@@ -218,8 +224,23 @@ class SizeRetimes:
         return best
 
     def _checks_fresh(self, s: Structure) -> bool:
-        """Were the L2 checks `s` runs (a rule: both its lengths') timed in L2's last STALE forwards?"""
-        return self.costs.fresh("l2", check_size(s)) and (not s.after_full or self.costs.fresh("l2", s.gamma1 + 1))
+        """Were the L2 checks `s` runs timed in L2's last STALE forwards? A rule's short check must
+        be; its long ones, which come only after a draft kept whole, may be stale where they are at
+        most RULE_STALE_SHARE of its replayed seconds (so `s` prices within about that share of
+        their error)."""
+        if not s.after_full:
+            return self.costs.fresh("l2", check_size(s))
+        return self.costs.fresh("l2", s.gamma1 + 1) and (
+            self.costs.fresh("l2", check_size(s)) or self._stale_share(s) <= RULE_STALE_SHARE)
+
+    def _stale_share(self, s: Structure) -> float:
+        """The share of rule `s`'s replayed L2 seconds spent in checks longer than its short one that
+        were not timed in L2's last STALE forwards (1.0 before a replay)."""
+        row = self._l2_row()
+        seconds = {n: count * (row[n] or 0.0) for n, count in self.lookups.replay_checks(s.gamma1, s.after_full).items()}
+        total = sum(seconds.values())
+        stale = sum(t for n, t in seconds.items() if n > s.gamma1 + 1 and not self.costs.fresh("l2", n))
+        return stale / total if total > 0 else 1.0
 
     def _shown_as(self, best: Structure, new: float, s: Structure, price: float) -> Structure:
         """`s` (at `price` s/token) runs in `best`'s place (at `new`): the weighed list (--stats, the
@@ -276,10 +297,11 @@ class SizeRetimes:
 
     def _stale_part(self, s: Structure) -> Structure:
         """What times `s`'s stale check in one cycle: `s`, or for a rule (whose long draft may not
-        come in that cycle) its longer length if that check is stale, else its shorter one."""
+        come in that cycle) its longer length if its long checks keep it from weighing (stale, and
+        over RULE_STALE_SHARE of its time), else its shorter one."""
         if not s.after_full:
             return s
-        long = self.costs.fresh("l2", s.longest_draft + 1)
+        long = self.costs.fresh("l2", s.longest_draft + 1) or self._stale_share(s) <= RULE_STALE_SHARE
         return Structure(s.mode, s.gamma1 if long else s.longest_draft, s.gamma2)
 
     def _retime(self, s: Structure) -> Structure:
