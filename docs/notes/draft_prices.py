@@ -13,11 +13,11 @@ import collections
 import statistics
 import sys
 
-from side_cell import cell, cycle_forwards
+from side_cell import cell, cycle_forwards, print_later_medians, timed_reps
 from engine.decoding.size_retime import check_size
 from engine.decoding.structure import Structure
 from engine.settings import Mode
-from engine.tools.bench_steps import named_sessions_on_one_prefill, run_side_by_side
+from engine.tools.bench_steps import named_sessions_on_one_prefill
 
 reps, lengths = int(sys.argv[3]), [int(x) for x in sys.argv[4].split(",")]
 model, base, prompt = cell(int(sys.argv[1]), sys.argv[2])
@@ -60,13 +60,9 @@ def realized(s, seconds, tokens, checked=0, forwards=()):
 
 
 policy.realized = realized
-times = {n: [] for n in names}
-for r in range(reps):
-    turn = r % len(names)
-    got = run_side_by_side(sessions, names[turn:] + names[:turn], prompt)
-    for n in names:
-        times[n].append(got[n].ms_per_token)
-    print(f"rep {r}:", {n: round(got[n].ms_per_token, 2) for n in names}, flush=True)
+
+
+def after() -> None:
     policy._memo.clear()
     prices = {}
     for s in policy._lengths(Structure(Mode.DRAFT_ONLY, base.gamma1, base.gamma2)):
@@ -86,6 +82,6 @@ for r in range(reps):
         print("    auto-strict ran (cycles):", dict(ran_strict))
     ran.clear()
     ran_strict.clear()
-print("median (later answers)", {n: round(statistics.median(v[1:]), 2) for n, v in times.items()})
-print("ratio to ar (paired median, later answers)",
-      {n: round(statistics.median([a / b for a, b in zip(times["ar"][1:], v[1:])]), 3) for n, v in times.items()})
+
+
+print_later_medians(timed_reps(sessions, names, prompt, reps, after))

@@ -5,11 +5,10 @@ repeat's ms/token, then the medians and the paired ratios to ar over the answers
 Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=docs/notes:. .venv/bin/python \
     docs/notes/length_sweep.py CONTEXT WORKLOAD REPEATS MODE LENGTHS
 e.g. docs/notes/length_sweep.py 2048 qa 7 retrieval-only 2,3,4,6,8 (LENGTHS: γ2, or γ1 for draft-only)"""
-import statistics
 import sys
 
-from side_cell import cell
-from engine.tools.bench_steps import named_sessions_on_one_prefill, run_side_by_side
+from side_cell import cell, print_later_medians, timed_reps
+from engine.tools.bench_steps import named_sessions_on_one_prefill
 
 reps, mode = int(sys.argv[3]), sys.argv[4]
 lengths = [int(x) for x in sys.argv[5].split(",")]
@@ -19,13 +18,4 @@ for g in lengths:
     named[f"g{g}"] = base.replace(mode=mode, **({"gamma1": g} if mode == "draft-only" else {"gamma2": g}))
 names = list(named)
 sessions = named_sessions_on_one_prefill(model, named, prompt, "ngram", len(prompt) + 128)
-times = {n: [] for n in names}
-for r in range(reps):
-    turn = r % len(names)
-    got = run_side_by_side(sessions, names[turn:] + names[:turn], prompt)
-    for n in names:
-        times[n].append(got[n].ms_per_token)
-    print(r, {n: round(got[n].ms_per_token, 2) for n in names}, flush=True)
-print("median", {n: round(statistics.median(v[1:]), 2) for n, v in times.items()})
-print("ratio to ar (paired median, later answers)",
-      {n: round(statistics.median([a / b for a, b in zip(times["ar"][1:], v[1:])]), 3) for n, v in times.items()})
+print_later_medians(timed_reps(sessions, names, prompt, reps))

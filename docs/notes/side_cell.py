@@ -1,6 +1,7 @@
 """The set-up the side-by-side notes scripts share: from `CONTEXT WORKLOAD REPEATS OTHERS` on the
 command line, the bundled model, the bench's prompt and settings for that cell, and one session per
 method ("auto" first, then OTHERS) on one prefill, as `bench` builds them (engine/tools/bench_steps.py)."""
+import statistics
 import sys
 
 import torch
@@ -65,6 +66,28 @@ def run_reps(reps: int, methods: list[str], prompt, sessions, after=None) -> Non
         print(f"rep {r}: " + ", ".join(f"{m} {got[m].ms_per_token:.1f}" for m in methods), flush=True)
         if after is not None:
             after()
+
+
+def timed_reps(sessions, names: list[str], prompt, reps: int, after=None) -> dict[str, list[float]]:
+    """Answer `reps` times side by side, the order rotated by one each repeat; print each repeat's
+    ms/token per name, then call `after()` if given. -> name -> its ms/token per repeat."""
+    times = {n: [] for n in names}
+    for r in range(reps):
+        turn = r % len(names)
+        got = run_side_by_side(sessions, names[turn:] + names[:turn], prompt)
+        for n in names:
+            times[n].append(got[n].ms_per_token)
+        print(f"rep {r}:", {n: round(got[n].ms_per_token, 2) for n in names}, flush=True)
+        if after is not None:
+            after()
+    return times
+
+
+def print_later_medians(times: dict[str, list[float]]) -> None:
+    """Each name's median over the answers after the first, and its paired median ratio to ar's."""
+    print("median (later answers)", {n: round(statistics.median(v[1:]), 2) for n, v in times.items()})
+    print("ratio to ar (paired median, later answers)",
+          {n: round(statistics.median([a / b for a, b in zip(times["ar"][1:], v[1:])]), 3) for n, v in times.items()})
 
 
 if __name__ == "__main__":
