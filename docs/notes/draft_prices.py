@@ -31,35 +31,34 @@ names = list(named)
 sessions = named_sessions_on_one_prefill(model, named, prompt, "ngram", len(prompt) + 128)
 decoder = sessions["auto"].decoder
 policy = decoder.policy
+ran: dict[str, collections.Counter] = {}  # auto's (and auto-strict's) cycles this answer, by structure
+held = cycle_forwards(decoder)
+outside: list[tuple[float, float]] = []  # auto's draft-only cycles: (wall s, modelled forwards s)
+
+
+def counted(name: str, p) -> None:
+    """Count `p`'s cycles by structure into ran[name] (for auto, also log its draft-only cycles' time)."""
+    ran[name] = collections.Counter()
+    plain = p.realized
+
+    def realized(s, seconds, tokens, checked=0, forwards=()):
+        ran[name][s.label.replace("draft-only g1=", "d")] += 1
+        if name == "auto" and s.mode is Mode.DRAFT_ONLY and held:
+            outside.append((seconds, sum(p._c("l2", n) or 0.0 for lvl, n, _ in held if lvl == "l2")))
+        return plain(s, seconds, tokens, checked, forwards)
+    p.realized = realized
+
+
+counted("auto", policy)
 for rule in forced:
     if rule == "strict":
         strict = sessions["auto-strict"].decoder.policy
         strict._checks_fresh = lambda s, p=strict: p.costs.fresh("l2", check_size(s)) and (
             not s.after_full or p.costs.fresh("l2", s.gamma1 + 1))
-        strict_realized = strict.realized
-
-        def realized_strict(s, seconds, tokens, checked=0, forwards=()):
-            ran_strict[s.label.replace("draft-only g1=", "d")] += 1
-            return strict_realized(s, seconds, tokens, checked, forwards)
-        strict.realized = realized_strict
+        counted("auto-strict", strict)
         continue
     short, _, long = rule.partition("/")
     sessions[f"a{rule}"].decoder.policy.forced = [Structure(Mode.DRAFT_ONLY, int(short), base.gamma2, int(long or 0))]
-held = cycle_forwards(decoder)
-outside: list[tuple[float, float]] = []  # auto's draft-only cycles: (wall s, modelled forwards s)
-plain_realized = policy.realized
-ran: collections.Counter = collections.Counter()  # auto's cycles this answer, by structure
-ran_strict: collections.Counter = collections.Counter()  # (auto-strict's)
-
-
-def realized(s, seconds, tokens, checked=0, forwards=()):
-    ran[s.label.replace("draft-only g1=", "d")] += 1
-    if s.mode is Mode.DRAFT_ONLY and held:
-        outside.append((seconds, sum(policy._c("l2", n) or 0.0 for lvl, n, _ in held if lvl == "l2")))
-    return plain_realized(s, seconds, tokens, checked, forwards)
-
-
-policy.realized = realized
 
 
 def after() -> None:
@@ -77,11 +76,9 @@ def after() -> None:
         print(f"    auto's draft-only cycles: {len(outside)}, wall-forwards median {statistics.median(over) * 1e3:.2f} ms,"
               f" wall/forwards median {statistics.median(w / m for w, m in outside if m):.3f}, ar ratio {policy._ar_ratio:.3f}")
         outside.clear()
-    print("    auto ran (cycles):", dict(ran))
-    if ran_strict:
-        print("    auto-strict ran (cycles):", dict(ran_strict))
-    ran.clear()
-    ran_strict.clear()
+    for name, counter in ran.items():
+        print(f"    {name} ran (cycles):", dict(counter))
+        counter.clear()
 
 
 print_later_medians(timed_reps(sessions, names, prompt, reps, after))

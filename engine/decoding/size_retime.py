@@ -103,7 +103,7 @@ class SizeRetimeState:
 
 class SizeRetimes:
     """Methods of Policy (its base class). They read its costs, lookups, _cycles and _sizes (a
-    SizeRetimeState), call its scoring (seconds_per_token, _within_measured, _lengths, _c, _l2_row), and
+    SizeRetimeState), call its scoring (seconds_per_token, _within_measured, _lengths, _c, _l2_row, _memo), and
     kept_length rewrites its candidates' entry for the length it keeps."""
 
     def refresh_time(self) -> bool:
@@ -231,17 +231,25 @@ class SizeRetimes:
         their error)."""
         if not s.after_full:
             return self.costs.fresh("l2", check_size(s))
-        return self.costs.fresh("l2", s.gamma1 + 1) and (
-            self.costs.fresh("l2", check_size(s)) or self._stale_share(s) <= RULE_STALE_SHARE)
+        return self.costs.fresh("l2", s.gamma1 + 1) and self._long_checks_weigh(s)
+
+    def _long_checks_weigh(self, s: Structure) -> bool:
+        """May rule `s`'s long checks weigh in its price: its longest fresh, or its stale ones at most
+        RULE_STALE_SHARE of its replayed seconds?"""
+        return self.costs.fresh("l2", check_size(s)) or self._stale_share(s) <= RULE_STALE_SHARE
 
     def _stale_share(self, s: Structure) -> float:
         """The share of rule `s`'s replayed L2 seconds spent in checks longer than its short one that
-        were not timed in L2's last STALE forwards (1.0 before a replay)."""
-        row = self._l2_row()
-        seconds = {n: count * (row[n] or 0.0) for n, count in self.lookups.replay_checks(s.gamma1, s.after_full).items()}
-        total = sum(seconds.values())
-        stale = sum(t for n, t in seconds.items() if n > s.gamma1 + 1 and not self.costs.fresh("l2", n))
-        return stale / total if total > 0 else 1.0
+        were not timed in L2's last STALE forwards (1.0 before a replay); memoized per choice."""
+        key = ("stale_share", s.gamma1, s.after_full)
+        if key not in self._memo:  # (kept_length weighs each rule, _stale_part the one set aside)
+            row = self._l2_row()
+            seconds = {n: count * (row[n] or 0.0)
+                       for n, count in self.lookups.replay_checks(s.gamma1, s.after_full).items()}
+            total = sum(seconds.values())
+            stale = sum(t for n, t in seconds.items() if n > s.gamma1 + 1 and not self.costs.fresh("l2", n))
+            self._memo[key] = stale / total if total > 0 else 1.0
+        return self._memo[key]
 
     def _shown_as(self, best: Structure, new: float, s: Structure, price: float) -> Structure:
         """`s` (at `price` s/token) runs in `best`'s place (at `new`): the weighed list (--stats, the
@@ -302,8 +310,7 @@ class SizeRetimes:
         over RULE_STALE_SHARE of its time), else its shorter one."""
         if not s.after_full:
             return s
-        long = self.costs.fresh("l2", s.longest_draft + 1) or self._stale_share(s) <= RULE_STALE_SHARE
-        return Structure(s.mode, s.gamma1 if long else s.longest_draft, s.gamma2)
+        return Structure(s.mode, s.gamma1 if self._long_checks_weigh(s) else s.longest_draft, s.gamma2)
 
     def _retime(self, s: Structure) -> Structure:
         """Run `s` (a single length: a rule's goes through _stale_part first) for one cycle to time
