@@ -146,38 +146,6 @@ def test_a_rule_whose_short_check_is_stale_re_times_that_one_when_its_long_ones_
     assert ran.index("draft-only g1=2") < ran.index(rule.label) and set(ran[-4:]) == {rule.label}, ran
 
 
-def test_a_rule_set_aside_keeps_its_place_until_both_its_checks_are_re_timed():
-    """At continue 1K the best at stale prices moved from choice to choice (3/6, 3/8, 4/8, γ1 = 2
-    and 8), each set aside in turn, and 3/6, whose long check had been re-timed, lost its place
-    before its short one was: auto held γ1 = 4 all session. Here a quiet spell right after the
-    rule's long check is re-timed (the 1-token check 23 % faster, every stale size moving with it)
-    makes another rule the model's best; the first keeps its place, its short check is re-timed at
-    the next re-time, and it runs."""
-    p = _stale_but(STRETCHES, fresh=(1, 5))  # (γ1 = 4 ran)
-    lengths = [Structure(Mode.DRAFT_ONLY, g, AUTO.gamma2) for g in range(1, 9)] + [
-        Structure(Mode.DRAFT_ONLY, a, AUTO.gamma2, b) for a in RULE_SHORT for b in RULE_LONG]
-    rule = min(lengths, key=p.seconds_per_token)
-    assert rule.after_full and p._stale_share(rule) > RULE_STALE_SHARE and not p.costs.fresh("l2", rule.gamma1 + 1)
-    long, short = (Structure(Mode.DRAFT_ONLY, g, AUTO.gamma2) for g in (rule.after_full, rule.gamma1))
-    ran, rivals = [], []
-    for _ in range(16):
-        s = p.choose(AUTO, has_l0=True, context_tokens=2048)
-        ran.append(s.label)
-        size = s.gamma1 + 1  # (a rule's short draft)
-        p.costs.record("l2", size, CHECK_MS_2K[size - 1] / 1e3)
-        if s == long:
-            p.costs.record("l2", 1, 0.77 * CHECK_MS_2K[0] / 1e3)
-        p.realized(s, CHECK_MS_2K[size - 1] / 1e3, 2, checked=size)
-        if s == long:
-            rivals.append(min(lengths, key=p.seconds_per_token))
-    assert rivals and rivals[0] != rule and not p._checks_fresh(rivals[0])  # the best moved to a stale one
-    first_rule = ran.index(rule.label)
-    assert ran.index(long.label) < ran.index(short.label) < first_rule, ran
-    between = ran[ran.index(long.label) + 1:ran.index(short.label)]
-    assert set(between) == {"draft-only g1=4"}, ran  # no re-time of the rival's checks in between
-    assert ran[first_rule:first_rule + 4] == [rule.label] * 4, ran
-
-
 def test_a_rule_whose_stale_long_checks_weigh_much_waits_for_their_re_time():
     """Text that copies in long stretches runs its long checks for much of a rule's time: stale,
     they could move its price by much of their own error, so a length whose checks are fresh runs

@@ -194,30 +194,7 @@ class SizeRetimes:
         the settings' draft length under the same test, else `best`'s. Lengths are weighed
         at fresh prices: where `best`'s check was not timed in L2's last STALE forwards, the best
         length whose check was stands in for it, and `best`, if LENGTH_GAIN cheaper than that one,
-        runs one cycle first to time its check (size_probe). A length so set aside at an earlier
-        choice keeps its place until its checks are timed (`_still_aside`)."""
-        aside = self._sizes.untimed_best
-        kept = self._kept_length(best, incumbent, settings)
-        if aside is not None and aside != self._sizes.untimed_best and self._still_aside(aside, kept):
-            self._sizes.untimed_best = aside
-        return kept
-
-    def _still_aside(self, aside: Structure, kept: Structure) -> bool:
-        """May `aside`, set aside at an earlier choice for a re-time of its stale checks, keep that
-        place over the model's best now (`kept` runs)? While its checks are still stale, the re-time
-        they wait for may come now, and it is priced LENGTH_GAIN under `kept`. The best at stale
-        prices moves from choice to choice: at continue 1K (Zen 4) it went among 3/6, 3/8, 4/8,
-        γ1 = 2 and 8, each set aside in turn, and 3/6, whose long check was re-timed, lost its place
-        before its short one was: auto held γ1 = 4 all session where 3/6 ran ~2 % faster."""
-        if aside.mode is not kept.mode or self._checks_fresh(aside):
-            return False
-        part = self._stale_part(aside)
-        new, price = self.seconds_per_token(aside), self.seconds_per_token(kept)
-        return (due(self._sizes.next_at, (part.mode, check_size(part)), self._cycles)
-                and new is not None and price is not None and new <= LENGTH_GAIN * price)
-
-    def _kept_length(self, best: Structure, incumbent: Structure | None, settings: DecodeSettings) -> Structure:
-        """kept_length, for the model's best now."""
+        runs one cycle first to time its check (size_probe)."""
         self._sizes.untimed_best = None
         new = self.seconds_per_token(best) if best.mode is not Mode.AR else None
         if new is None:
@@ -340,5 +317,5 @@ class SizeRetimes:
         its check; its check size waits twice as long for the next."""
         state = self._sizes
         wait_twice(state.next_at, (s.mode, check_size(s)), self._cycles, SIZE_RETIME // 2)
-        state.since, state.probed = 0, s  # (untimed_best stays: the next choice weighs whether it still waits)
+        state.since, state.probed, state.untimed_best = 0, s, None
         return s
