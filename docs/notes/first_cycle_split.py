@@ -8,19 +8,12 @@ from engine.kv.retrieval import RetrievalCache
 from engine.model.draft_vocab import DraftVocabulary
 from engine.decoding import drafters, speculative
 from engine.tools.bench_steps import run_side_by_side
-from side_cell import side_cell
+from side_cell import side_cell, timer
 
 reps, methods, prompt, sessions = side_cell(sys.argv)
 acc = collections.Counter()
 def wrap(cls, name, key):
-    orig = getattr(cls, name)
-    def f(*a, **k):
-        t = time.perf_counter()
-        try:
-            return orig(*a, **k)
-        finally:
-            acc[key] += time.perf_counter() - t
-    setattr(cls, name, f)
+    timer(cls, name, key, acc)
 wrap(RetrievalCache, "rebuild", "r.rebuild")
 wrap(RetrievalCache, "sync", "r.sync")
 wrap(DraftVocabulary, "_rebuild", "vocab._rebuild")

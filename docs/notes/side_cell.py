@@ -3,6 +3,7 @@ command line, the bundled model, the bench's prompt and settings for that cell, 
 method ("auto" first, then OTHERS) on one prefill, as `bench` builds them (engine/tools/bench_steps.py)."""
 import statistics
 import sys
+import time
 
 import torch
 from engine.cli.chat_cmd import default_budget
@@ -55,6 +56,19 @@ def cycle_forwards(decoder, on_forward=None) -> list:
 
     decoder.timed, decoder.step = timed_and_held, step_afresh
     return held
+
+
+def timer(obj, name: str, key: str, spent: dict) -> None:
+    """Wrap obj.`name` (an instance's method, or a class's) so that each call's wall time adds to spent[key]."""
+    plain = getattr(obj, name)
+
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return plain(*args, **kwargs)
+        finally:
+            spent[key] += time.perf_counter() - t
+    setattr(obj, name, timed)
 
 
 def run_reps(reps: int, methods: list[str], prompt, sessions, after=None) -> None:

@@ -8,26 +8,12 @@ Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=docs/
 import collections
 import statistics
 import sys
-import time
 
-from side_cell import run_reps, side_cell
+from side_cell import run_reps, side_cell, timer
 
 reps, methods, prompt, sessions = side_cell(sys.argv)
 steps: dict[str, dict] = {}
 policy_s: dict[str, float] = collections.defaultdict(float)
-
-
-def timer(obj, name: str, key: str, spent: dict) -> None:
-    """Add the wall time of each call of obj.`name` to spent[key]."""
-    plain = getattr(obj, name)
-
-    def timed(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return plain(*args, **kwargs)
-        finally:
-            spent[key] += time.perf_counter() - t
-    setattr(obj, name, timed)
 
 
 for name in methods:
