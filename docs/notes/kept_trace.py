@@ -1,9 +1,9 @@
 """Each draft length auto kept for a choice at one bench cell, side by side with fixed methods as the
 bench runs them: the model's best (best), the running structure (inc), what runs (->), the best set
 aside for a re-time of its stale check (ub), which L2 check sizes 1-9 are fresh (1) and, for a rule,
-the share of its replayed time in stale long checks (share; RULE_STALE_SHARE), and the first two
-weighed prices, the cycle, cycles since the last re-time and each check size's cycles to its next
-re-time (waits; <= 0: due). The last 25 choices of each answer.
+the share of its replayed time in stale long checks (share; RULE_STALE_SHARE), the cycle (cyc), the
+cycles since the last re-time (since), each check size's cycles to its next re-time (waits; <= 0:
+due) and the first two weighed prices. The last 25 choices of each answer.
 Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=docs/notes:. .venv/bin/python \
     docs/notes/kept_trace.py CONTEXT WORKLOAD REPEATS OTHERS   (e.g. 1024 continue 3 draft-only)"""
 import sys
@@ -18,12 +18,12 @@ lines: list[str] = []
 
 def kept_length(best, incumbent, settings):
     got = plain_kept_length(best, incumbent, settings)
-    set_aside = policy._sizes.untimed_best
+    state = policy._sizes
+    set_aside = state.untimed_best
     fresh = "".join(str(int(policy.costs.fresh("l2", n))) for n in range(1, 10))
     share = round(policy._stale_share(best), 2) if best.after_full else None
-    state = policy._sizes
-    waits = ",".join(f"{n}:{state.next_at[k][0] - policy._cycles}" for k in sorted(state.next_at, key=lambda k: k[1])
-                     if k[0] is best.mode and (n := k[1]))
+    waits = ",".join(f"{n}:{state.next_at[mode, n][0] - policy._cycles}"
+                     for mode, n in sorted(state.next_at, key=lambda k: k[1]) if mode is best.mode)
     weighed = [(short_label(c.structure), round(c.ms_per_token, 2)) for c in policy.candidates][:2]
     lines.append(f"best={short_label(best.label)} inc={incumbent and short_label(incumbent.label)} -> "
                  f"{short_label(got.label)} ub={set_aside and short_label(set_aside.label)} fresh={fresh} "

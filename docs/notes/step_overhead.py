@@ -9,29 +9,34 @@ import collections
 import statistics
 import sys
 
-from side_cell import run_reps, side_cell, timer
+from side_cell import cycle_forwards, run_reps, side_cell, timer
 
 reps, methods, prompt, sessions = side_cell(sys.argv)
-steps: dict[str, dict] = {}
-policy_s: dict[str, float] = collections.defaultdict(float)
+steps: dict[str, dict] = {}  # method -> this answer's steps, their wall s, L2's s, L2's s by tokens checked
+policy_s: dict[str, float] = collections.defaultdict(float)  # auto's policy calls -> their s this answer
+
+
+def l2_logged(got: dict):
+    """An on_forward for cycle_forwards that adds each L2 forward's seconds into `got`."""
+    def on_forward(level, tokens, seconds):
+        if level == "l2":
+            got["l2"] += seconds
+            got["l2_by_tokens"][tokens].append(seconds)
+    return on_forward
 
 
 for name in methods:
     d = sessions[name].decoder
-    got = steps[name] = {"wall": collections.defaultdict(float), "count": 0, "l2": collections.defaultdict(list)}
+    got = steps[name] = {"steps": 0, "wall": collections.defaultdict(float), "l2": 0.0,
+                         "l2_by_tokens": collections.defaultdict(list)}
+    cycle_forwards(d, l2_logged(got))
     timer(d, "step", "step", got["wall"])
-    plain_timed, plain_step = d.timed, d.step
-
-    def l2_timed(level, tokens, seconds, got=got, plain=plain_timed):
-        if level == "l2":
-            got["wall"]["l2"] += seconds
-            got["l2"][tokens].append(seconds)
-        return plain(level, tokens, seconds)
+    plain_step = d.step
 
     def counted(seq, got=got, plain=plain_step):
-        got["count"] += 1
+        got["steps"] += 1
         return plain(seq)
-    d.timed, d.step = l2_timed, counted
+    d.step = counted
 auto = sessions["auto"].decoder
 for obj, name in ((auto.policy, "choose"), (auto.policy, "realized"), (auto, "_learn_lookups"), (auto.policy, "observe")):
     timer(obj, name, name, policy_s)
@@ -39,18 +44,19 @@ for obj, name in ((auto.policy, "choose"), (auto.policy, "realized"), (auto, "_l
 
 def after() -> None:
     for name, got in steps.items():
-        n, wall = got["count"], got["wall"]
+        n, wall, l2 = got["steps"], got["wall"]["step"], got["l2"]
         if not n:
             continue
-        line = (f"    {name}: steps {n}, ms a step: wall {wall['step'] / n * 1e3:.2f}, L2 forwards {wall['l2'] / n * 1e3:.2f},"
-                f" outside {(wall['step'] - wall['l2']) / n * 1e3:.2f}; L2 by tokens (median ms) "
-                f"{ {k: round(statistics.median(v) * 1e3, 2) for k, v in sorted(got['l2'].items())} }")
+        by_tokens = {k: round(statistics.median(v) * 1e3, 2) for k, v in sorted(got["l2_by_tokens"].items())}
+        line = (f"    {name}: steps {n}, ms a step: wall {wall / n * 1e3:.2f}, L2 forwards {l2 / n * 1e3:.2f},"
+                f" outside {(wall - l2) / n * 1e3:.2f}; L2 by tokens (median ms) {by_tokens}")
         if name == "auto":
             line += "; policy ms a step " + str({k: round(v / n * 1e3, 3) for k, v in policy_s.items()})
             policy_s.clear()
         print(line)
-        got["wall"].clear(), got["l2"].clear()
-        got["count"] = 0
+        got.update(steps=0, l2=0.0)
+        got["wall"].clear()
+        got["l2_by_tokens"].clear()
 
 
 run_reps(reps, methods, prompt, sessions, after)
