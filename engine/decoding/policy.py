@@ -316,14 +316,17 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
     def seconds_per_token(self, s: Structure, corrected: bool = True) -> float | None:
         """Predicted seconds per generated token of structure `s`, or None before any L2 timing:
         its cycle cost over the tokens a cycle yields, corrected by what its cycles really took."""
+        if s.mode is Mode.DRAFT_ONLY and corrected:  # (the ~18 lengths of each scoring: cycle_cost's replay, read once)
+            replayed = self._replay(s.gamma1, s.after_full) if self._c("l2", 1) is not None else None
+            if replayed is not None:  # the same forwards as ar's, the same overhead
+                seconds, tokens, cycles = replayed
+                return seconds / cycles * (self._ar_ratio or 1.0) / (tokens / cycles)
         cycle = self.cycle_cost(s)
         if cycle is None:
             return None
         seconds, tokens = cycle
         if s.mode is Mode.AR and corrected and self._ar_ratio is not None:
             return seconds * self._ar_ratio
-        if s.mode is Mode.DRAFT_ONLY and corrected and self._replay(s.gamma1, s.after_full) is not None:
-            return seconds * (self._ar_ratio or 1.0) / tokens  # the same forwards as ar's, the same overhead
         stretch = self._stretch(s.mode) if s.mode is Mode.TRIFORCE else 1.0  # (the model's inputs, corrected or not)
         return seconds * (self.ratios.ratio(s) if corrected else 1.0) * stretch / tokens
 
