@@ -101,7 +101,7 @@ class Walk:
     seen: int = -1  # the window's `total` when last followed
 
     def follow(self, history: Window) -> None:
-        """Bring the walk up to the window `history`. (Written out flat, without helper calls: auto
+        """Bring the walk up to the window `history`. (Written out flat, one call a cycle: auto
         follows ~20 walks at each scoring, after a forward has evicted its data from the caches.)"""
         total = history.total
         if self.seen == total:
@@ -125,12 +125,9 @@ class Walk:
                     tokens -= gain
                     continue
                 entered = full and reads_full
-                offered, matched = history[at - front]
-                drafted = after_full if entered else gamma
-                checked = offered if offered < drafted else drafted
-                gain = (matched if matched < checked else checked) + 1
-                head.append((at, checked + 1, gain, entered))
-                at, full = at + gain, checked > 0 and gain == checked + 1
+                size, gain = draft_cycle(*history[at - front], after_full if entered else gamma)
+                head.append((at, size, gain, entered))
+                at, full = at + gain, size > 1 and gain == size  # (kept_whole)
             if cycles:
                 at, full = self.after, self.full
             for c in reversed(head):
@@ -139,14 +136,11 @@ class Walk:
                 tokens += c[2]
         while at < total:
             entered = full and reads_full
-            offered, matched = history[at - front]
-            drafted = after_full if entered else gamma
-            checked = offered if offered < drafted else drafted
-            gain = (matched if matched < checked else checked) + 1
-            cycles.append((at, checked + 1, gain, entered))
-            checks[checked + 1] = checks.get(checked + 1, 0) + 1
+            size, gain = draft_cycle(*history[at - front], after_full if entered else gamma)
+            cycles.append((at, size, gain, entered))
+            checks[size] = checks.get(size, 0) + 1
             tokens += gain
-            at, full = at + gain, checked > 0 and gain == checked + 1
+            at, full = at + gain, size > 1 and gain == size
         self.after, self.full, self.seen, self.tokens = at, full, total, tokens
 
 
