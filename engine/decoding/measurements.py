@@ -84,6 +84,12 @@ class StepCosts:
         """Was size `tokens` timed at `level` within the level's last STALE forwards?"""
         return tokens in self._timed[level] and not self._stale(level, tokens)
 
+    def until_stale(self, level: str) -> list[int]:
+        """For each size timed at `level`: how many more of the level's forwards leave it fresh
+        (0 or less: stale already)."""
+        count = self._count[level]
+        return [STALE - (count - at) for at, _, _ in self._timed[level].values()]
+
     def fresh_estimate(self, level: str, tokens: int) -> float | None:
         """Seconds for a forward of `tokens` tokens as the sizes timed in the level's last STALE
         forwards alone put it (read as `estimate` reads every size), or None (fewer than two fresh

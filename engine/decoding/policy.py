@@ -13,8 +13,8 @@ tokens instead (Novelty).
 Exploration is bounded: a structure not yet measured is tried for EXPLORE_CYCLES verification
 cycles, once per session, and only while its optimistic score is within EXPLORE_MARGIN of the best
 (one under way in this turn: while its score with its cycles' time but not their yield is).
-The choice is re-scored at each turn, every RESCORE_EVERY cycles and whenever an acceptance estimate
-moves by SHIFT, and changes only between cycles; a switch needs a SWITCH_GAIN advantage, and leaving
+The choice is re-scored at each turn, whenever an acceptance estimate moves by SHIFT, and at least
+every RESCORE_EVERY cycles, backing off to RESCORE_MAX while scorings agree (rescore.py), and changes only between cycles; a switch needs a SWITCH_GAIN advantage, and leaving
 ar a SPECULATION_GAIN one (MEASURED_GAIN once the structure's own cycles have corrected its
 prediction); a running structure so corrected stays until ar is predicted cheaper (STAY_ON_MEASURED).
 The draft length kept for the choice (the running one, the settings', or at a stale check's price a
@@ -77,6 +77,7 @@ from engine.decoding.lookup_replay import LOOKUP_TOKENS, LookupLog
 from engine.decoding.measurements import Acceptance, Novelty, StepCosts
 from engine.decoding.policy_inputs import CostInputs
 from engine.decoding.realized import OUTLIER, Realized, settle
+from engine.decoding.rescore import AR_RETIME, RESCORE_EVERY, RescoreSchedule
 from engine.decoding.retrieval_choice import MAX_GAMMA2, RetrievalChoices
 from engine.decoding.size_retime import SizeRetimes, SizeRetimeState, draft_rules
 from engine.decoding.structure import Structure
@@ -85,8 +86,6 @@ from engine.settings import MAX_DRAFT, DecodeSettings, Mode
 
 EXPLORE_CYCLES = 3
 EXPLORE_MARGIN = 1.5  # explore an untried structure if its optimistic ms/token <= 1.5x the best's
-RESCORE_EVERY = 4  # re-score at least every 4 cycles ...
-SHIFT = 0.1  # ... or as soon as any acceptance estimate moved this much since the last scoring
 SWITCH_GAIN = 0.92  # switch only if the best predicts <= 92% of the current structure's ms/token
 # leave ar only for a structure predicted at <= 90% of its ms/token: ar's cost is timed directly,
 # while the others' predictions ran 6-14% optimistic (median actual/predicted, three A/B runs)
@@ -100,7 +99,6 @@ MAX_GAMMA1 = 8
 GROW = 2  # a forward may check at most 2 tokens more than the largest one timed at its level
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 REFRESH_MARGIN = 1.3  # the runner-up refreshed (every REFRESH_CYCLES cycles at first) if predicted within 1.3x of the best
-AR_RETIME = 16  # on a speculative structure, one ar cycle every 16 cycles re-times ar ...
 SURPRISE = 1.5  # a cycle over 1.5x its structure's predicted ms/token re-scores the choice at once
 # ar against a draft-only priced by replaying its lookups (engine/decoding/lookup_replay.py): both
 # run the same forwards, timed in one table, and the replay knows which drafts held, so the margin
@@ -109,7 +107,7 @@ REPLAY_GAIN = 0.97
 
 
 @dataclass
-class Policy(RetrievalChoices, SizeRetimes, CostInputs):
+class Policy(RetrievalChoices, SizeRetimes, RescoreSchedule, CostInputs):
     """Chooses the structure for the next verification cycle from `StepCosts` and `Acceptance`."""
 
     costs: StepCosts = field(default_factory=StepCosts)
@@ -123,7 +121,9 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
     forced: list[Structure] | None = None  # tests: a script of structures to run, one per cycle
     _memo: dict = field(default_factory=dict, repr=False)  # inputs of the current choice
     _settled: bool = False  # the last scoring chose without exploring
-    _since_score: int = 0  # cycles since the last scoring
+    _since_score: int = 0  # cycles since the last scoring (rescore.py)
+    _rescore_every: int = RESCORE_EVERY  # cycles between scorings now, backing off while they agree
+    _score_wait: int = RESCORE_EVERY  # ... bounded by the first probe to come due
     _since_refresh: int = 0  # cycles since the runner-up last ran
     _scored_rates: dict = field(default_factory=dict)  # acceptance at the last scoring
     _budget_moved: int = 0  # +1 / -1 once choose_budget grew / shrank the budget
@@ -175,13 +175,8 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
         modes = [mode] if mode is not Mode.AUTO else self._auto_modes(settings, has_l0, context_tokens, budget)
         if not has_l0 and mode in (Mode.DRAFT_ONLY,):
             return self._ran(Structure(mode, settings.gamma1, settings.gamma2))
-        rates = {b: a.rate for b, a in self.acceptance.items()}
-        if (self._settled and self.current is not None and self.current.mode in modes
-                and self._since_score < RESCORE_EVERY
-                and all(abs(rates[b] - r) < SHIFT for b, r in self._scored_rates.items())):
-            self._since_score += 1  # nothing moved: scoring ~130 structures again would cost a few ms
-            return self._ran(self.current)
-        self._since_score, self._scored_rates = 1, rates
+        if self.scoring_skipped(modes, {b: a.rate for b, a in self.acceptance.items()}):
+            return self._ran(self.current)  # nothing moved: scoring ~50 structures again costs ~0.75 ms
         scored = [self._best_of(m, settings) for m in modes]
         scored = [(ms + self._switch_cost(s, remaining), s) for ms, s in scored if ms is not None]
         if not scored:  # nothing timed yet: one plain step measures the target
@@ -240,7 +235,9 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
                 self._settled = False
                 return self._probe(retime)
         self.refresh_won(best.mode)
-        return self._ran(best)
+        self._ran(best)
+        self.scored(best, incumbent)  # (rescore.py: the wait till the next scoring)
+        return best
 
     def _auto_modes(self, settings: DecodeSettings, has_l0: bool, context_tokens: int, budget: int | None) -> list[Mode]:
         """The modes auto weighs: those with L0 only given a drafter, with L1 only where it can pay."""
@@ -368,12 +365,14 @@ class Policy(RetrievalChoices, SizeRetimes, CostInputs):
         n-gram drafts are accepted whole or not at all)."""
         self._memo.clear()
         self._cycles += 1
-        believed = self.seconds_per_token(s)
-        if s.mode is Mode.DRAFT_ONLY and checked == 1:  # its lookup found nothing: a plain step, as ar's
-            believed = self.seconds_per_token(Structure(Mode.AR))  # (read against draft-only's ms/token,
-            # each re-scored the choice: half the choices at continue 1K on a Zen 4, ~0.25 ms each)
-        if believed is not None and tokens >= 1 and seconds > SURPRISE * believed * tokens:
-            self._settled = False  # do not wait RESCORE_EVERY cycles on a structure this far off (at
+        believed, per = self.seconds_per_token(s), tokens
+        if s.mode is Mode.DRAFT_ONLY and checked and (checked == 1 or self.lookups.ready()):
+            # a plain step (its lookup found nothing: read against draft-only's ms/token, half the
+            # choices at continue 1K re-scored, Zen 4), or a replayed cycle, whose yield is its lookup's,
+            # priced over the replay's window (1 token of 5 re-scored ~2 choices an answer there): judged by time
+            believed, per = (self._c("l2", checked) or 0.0) * (self._ar_ratio or 1.0) or None, 1
+        if believed is not None and tokens >= 1 and seconds > SURPRISE * believed * per:
+            self.rescore_soon()  # do not wait RESCORE_EVERY cycles on a structure this far off (at
             # continue 2K, triforce g2=8 predicted 26 ms/token ran four cycles at 57-88 before a re-score)
         cycle = self.cycle_cost(s)
         if cycle is None or tokens < 1:
