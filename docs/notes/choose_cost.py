@@ -1,6 +1,7 @@
 """What one `auto` scoring costs: a policy that has measured every level (as tests/test_policy.py's
 _measured_policy builds it) with a ready lookup log, `choose` timed with a re-score forced each call,
-then with the policy settled (re-scoring every RESCORE_EVERY calls).
+then with the policy settled (re-scoring as engine/decoding/rescore.py schedules it: every 4 calls
+before be2d5f2, backing off to 16 since).
 Usage (repo root): OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python docs/notes/choose_cost.py"""
 import time
 

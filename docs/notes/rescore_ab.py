@@ -5,6 +5,8 @@ the medians of the later answers and each one's paired ratio to ar. Asks whether
 the larger part of auto's own Python a step (forty-eighth pass), pays without worse choices.
 `every8` is emulated around choose: a choice 4-7 cycles after the last scoring reads as 3 cycles
 after it, and the count goes on from where it was.
+Written for the code before be2d5f2 (a scoring every RESCORE_EVERY cycles); since, the waits back
+off by themselves (engine/decoding/rescore.py), and docs/notes/cadence_ab.py compares the two.
 Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=docs/notes:. .venv/bin/python \
     docs/notes/rescore_ab.py CONTEXT WORKLOAD REPEATS   (e.g. 1024 continue 9)"""
 import collections
