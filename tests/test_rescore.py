@@ -82,7 +82,7 @@ def test_a_surprise_starts_the_waits_over():
     _scoring_cycles(p, 100)
     assert p._rescore_every == RESCORE_MAX
     s = p.choose(AUTO, has_l0=True, context_tokens=8000)
-    seconds, expected = p.cycle_cost(s)
+    _, expected = p.cycle_cost(s)
     p.realized(s, 3.0 * p.seconds_per_token(s) * max(1, round(expected)), max(1, round(expected)))
     scored = _scoring_cycles(p, 12)
     assert scored[0] == 0 and scored[1] - scored[0] <= RESCORE_EVERY, scored

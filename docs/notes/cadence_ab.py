@@ -9,9 +9,8 @@ Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=docs/
 import collections
 import sys
 
-from side_cell import cell, print_later_medians, short_label, timed_reps
+from side_cell import cell, print_later_medians, timed_reps, watch_choices
 from engine.decoding.rescore import RESCORE_EVERY
-from engine.settings import Mode
 from engine.tools.bench_steps import named_sessions_on_one_prefill
 
 reps, fixed = int(sys.argv[3]), sys.argv[4]
@@ -21,37 +20,18 @@ named = {"auto": base.replace(mode="auto"), "every4": base.replace(mode="auto"),
 sessions = named_sessions_on_one_prefill(model, named, prompt, "ngram", len(prompt) + 128)
 ran = {name: collections.Counter() for name in ("auto", "every4")}
 scorings = collections.Counter()
-
-
-def watched(name: str) -> None:
-    policy = sessions[name].decoder.policy
-    choose, best_of, scored = policy.choose, policy._best_of, policy.scored
-    inside = [False]
-
-    def counted_choose(*args, **kwargs):
-        inside[0] = True
-        try:
-            got = choose(*args, **kwargs)
-        finally:
-            inside[0] = False
-        ran[name][short_label(got.label)] += 1
-        return got
-
-    def counted_best_of(mode, settings):
-        if inside[0] and mode is Mode.AR:
-            scorings[name] += 1
-        return best_of(mode, settings)
-
-    def every4(chosen, running):
-        scored(chosen, running)
-        policy._score_wait = RESCORE_EVERY
-    policy.choose, policy._best_of = counted_choose, counted_best_of
-    if name == "every4":
-        policy.scored = every4
-
-
 for name in ran:
-    watched(name)
+    watch_choices(sessions[name].decoder.policy, name, scorings, ran)
+every4 = sessions["every4"].decoder.policy
+scored = every4.scored
+
+
+def held_at_four(chosen, running):
+    scored(chosen, running)
+    every4._score_wait = RESCORE_EVERY
+
+
+every4.scored = held_at_four
 
 
 def after() -> None:

@@ -7,40 +7,15 @@ Usage (repo root): OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=200000 PYTHONPATH=docs/
     docs/notes/scoring_count.py CONTEXT WORKLOAD REPEATS OTHERS   (e.g. 1024 continue 6 draft-only)"""
 import collections
 import sys
-import time
 
-from side_cell import run_reps, short_label, side_cell
-from engine.settings import Mode
+from side_cell import run_reps, side_cell, watch_choices
 
 reps, methods, prompt, sessions = side_cell(sys.argv)
 policy = sessions["auto"].decoder.policy
 got = collections.Counter()
-ran = collections.Counter()
-spent = [0.0]
-inside = [False]
-best_of, choose = policy._best_of, policy.choose
-
-
-def counted_best_of(mode, settings):
-    if inside[0] and mode is Mode.AR:
-        got["scorings"] += 1
-    return best_of(mode, settings)
-
-
-def timed_choose(*args, **kwargs):
-    inside[0] = True
-    t = time.perf_counter()
-    try:
-        chosen = choose(*args, **kwargs)
-    finally:
-        spent[0] += time.perf_counter() - t
-        inside[0] = False
-    got["choices"] += 1
-    ran[short_label(chosen.label)] += 1
-    return chosen
-
-
-policy._best_of, policy.choose = counted_best_of, timed_choose
+ran = {"auto": collections.Counter()}
+spent = collections.defaultdict(float)
+watch_choices(policy, "auto", got, ran, spent)  # (got["auto"]: scorings)
 if hasattr(policy, "rescore_soon"):
     soon = policy.rescore_soon
 
@@ -51,13 +26,13 @@ if hasattr(policy, "rescore_soon"):
 
 
 def after() -> None:
-    choices = max(got["choices"], 1)
-    print(f"    auto: choices {got['choices']}, scorings {got['scorings']}, surprises {got['surprises']}; "
-          f"choose {spent[0] * 1e3:.2f} ms, {spent[0] / choices * 1e3:.3f} ms a step; ran {dict(ran.most_common())}",
-          flush=True)
+    choices = sum(ran["auto"].values())
+    print(f"    auto: choices {choices}, scorings {got['auto']}, surprises {got['surprises']}; "
+          f"choose {spent['auto'] * 1e3:.2f} ms, {spent['auto'] / max(choices, 1) * 1e3:.3f} ms a step; "
+          f"ran {dict(ran['auto'].most_common())}", flush=True)
     got.clear()
-    ran.clear()
-    spent[0] = 0.0
+    ran["auto"].clear()
+    spent.clear()
 
 
 run_reps(reps, methods, prompt, sessions, after)

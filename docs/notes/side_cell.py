@@ -8,7 +8,7 @@ import time
 import torch
 from engine.cli.chat_cmd import default_budget
 from engine.model.loading import load_folder
-from engine.settings import DecodeSettings
+from engine.settings import DecodeSettings, Mode
 from engine.store.models import resolve_model
 from engine.tools.bench import build_prompt
 from engine.tools.bench_steps import run_side_by_side, sessions_on_one_prefill
@@ -69,6 +69,32 @@ def timer(obj, name: str, key: str, spent: dict) -> None:
         finally:
             spent[key] += time.perf_counter() - t
     setattr(obj, name, timed)
+
+
+def watch_choices(policy, name: str, scorings: dict, ran: dict, spent: dict | None = None) -> None:
+    """Wrap `policy`'s choose so that each choice counts in ran[name][its short label], each scoring
+    in scorings[name] (counted as its pricing of ar inside choose, once a scoring; the code before
+    engine/decoding/rescore.py too), and choose's seconds add to spent[name] if given."""
+    choose, best_of = policy.choose, policy._best_of
+    inside = [False]
+
+    def counted_best_of(mode, settings):
+        if inside[0] and mode is Mode.AR:
+            scorings[name] += 1
+        return best_of(mode, settings)
+
+    def counted_choose(*args, **kwargs):
+        inside[0] = True
+        t = time.perf_counter()
+        try:
+            chosen = choose(*args, **kwargs)
+        finally:
+            inside[0] = False
+            if spent is not None:
+                spent[name] += time.perf_counter() - t
+        ran[name][short_label(chosen.label)] += 1
+        return chosen
+    policy.choose, policy._best_of = counted_choose, counted_best_of
 
 
 def run_reps(reps: int, methods: list[str], prompt, sessions, after=None) -> None:

@@ -14,9 +14,10 @@ Exploration is bounded: a structure not yet measured is tried for EXPLORE_CYCLES
 cycles, once per session, and only while its optimistic score is within EXPLORE_MARGIN of the best
 (one under way in this turn: while its score with its cycles' time but not their yield is).
 The choice is re-scored at each turn, whenever an acceptance estimate moves by SHIFT, and at least
-every RESCORE_EVERY cycles, backing off to RESCORE_MAX while scorings agree (rescore.py), and changes only between cycles; a switch needs a SWITCH_GAIN advantage, and leaving
-ar a SPECULATION_GAIN one (MEASURED_GAIN once the structure's own cycles have corrected its
-prediction); a running structure so corrected stays until ar is predicted cheaper (STAY_ON_MEASURED).
+every RESCORE_EVERY cycles, backing off to RESCORE_MAX while scorings agree (rescore.py); it
+changes only between cycles; a switch needs a SWITCH_GAIN advantage, and leaving ar a
+SPECULATION_GAIN one (MEASURED_GAIN once the structure's own cycles have corrected its prediction);
+a running structure so corrected stays until ar is predicted cheaper (STAY_ON_MEASURED).
 The draft length kept for the choice (the running one, the settings', or at a stale check's price a
 fresh length's: size_retime.kept_length) must be priced under ar too, else ar runs, or one cycle of
 the model's best times its stale check (KEPT_UNDER_AR: at continue 2K a stand-in at 12.4-13.4
@@ -99,7 +100,7 @@ MAX_GAMMA1 = 8
 GROW = 2  # a forward may check at most 2 tokens more than the largest one timed at its level
 PRIOR_ACCEPTANCE = {"l0_l1": 0.6, "l1_l2": 0.85, "l0_l2": 0.5}
 REFRESH_MARGIN = 1.3  # the runner-up refreshed (every REFRESH_CYCLES cycles at first) if predicted within 1.3x of the best
-SURPRISE = 1.5  # a cycle over 1.5x its structure's predicted ms/token re-scores the choice at once
+SURPRISE = 1.5  # a cycle over 1.5x its predicted ms/token (a replayed draft-only one: its check's time) re-scores at once
 # ar against a draft-only priced by replaying its lookups (engine/decoding/lookup_replay.py): both
 # run the same forwards, timed in one table, and the replay knows which drafts held, so the margin
 # only guards against noise in the step costs (the model-priced structures need SPECULATION_GAIN)

@@ -1,10 +1,11 @@
 """When `auto` scores its choice again (a side of engine/decoding/policy.py).
 
 A scoring weighs ~50 structures (every draft length and rule of draft-only, retrieval-only's γ2,
-triforce's γ1 and γ2), about 0.75 ms of Python on a Zen 3 EPYC at continue 1K: done every fourth
-cycle, most of the ~0.55 ms a step that auto spent beyond a fixed mode's Python there (forty-eighth
-pass, docs/notes/cpu-speed.md), ~2.5 % of a 20-30 ms step, which kept auto at ~0.96x fixed
-draft-only on the fixed mode's own structure.
+triforce's γ1 and γ2), about 0.75 ms of Python on a Zen 3 EPYC at continue 1K, where auto scored
+~7 times an answer of ~19 cycles, every fourth cycle and after each surprise. Backing off cut
+that to ~2.5 and choose from ~0.27 to ~0.18-0.21 ms a step, ~0.1 ms of a ~25 ms step; the time
+auto's steps spend outside L2's forwards (~0.7 ms against a fixed mode's ~0.2) did not move
+measurably (forty-ninth pass, docs/notes/cpu-speed.md).
 
 So the wait between scorings backs off while they agree: it starts at RESCORE_EVERY cycles and
 doubles, up to RESCORE_MAX, each time a settled scoring keeps the structure that was running; it
