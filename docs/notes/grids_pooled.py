@@ -2,7 +2,7 @@
 cell, how many grids met each bar by medians and paired, the lowest paired ratio of any grid, and
 every repeat of every grid pooled: the median of the per-repeat ratios with its sign-test interval
 (engine/tools/bench.py `median_interval`) and the share of repeats at or over the bar. "Best" is, per
-grid, the fixed mode with the lowest median there, as `bench` picks it.
+grid, the fixed mode with the lowest median there, as `bench` recorded it (auto's `best_fixed`).
 
     python3 docs/notes/grids_pooled.py docs/bench/bench-cpu-s51-zen3-64.json [...]
 """
@@ -14,14 +14,9 @@ import statistics
 import sys
 
 from engine.tools.bench import median_interval
-from grid_verdict import FIXED, cell_name
+from grid_verdict import cell_name, shown
 
 BARS = {"ar": 1.0, "best": 0.95}
-
-
-def lowest(ratio: float, bar: float) -> str:
-    """`ratio` to 3 places, or to 4 where 3 would round a miss up to its bar (0.94991 -> 0.9499)."""
-    return f"{ratio:.3f}" if ratio >= bar or round(ratio, 3) < bar else f"{ratio:.4f}"
 
 
 def pooled(paths: list[str]) -> None:
@@ -30,9 +25,8 @@ def pooled(paths: list[str]) -> None:
         for cell in json.load(open(path)):
             rows = {r["method"]: r for r in cell["results"]}
             auto = rows["auto"]
-            best = min((m for m in FIXED if m in rows), key=lambda m: rows[m]["median_ms_per_token"])
             for key, other, paired in (("ar", "ar", auto["paired_speedup_vs_ar"]),
-                                       ("best", best, auto["paired_vs_best_fixed"])):
+                                       ("best", auto["best_fixed"], auto["paired_vs_best_fixed"])):
                 g = got[cell_name(cell)][key]
                 g["medians"].append(rows[other]["median_ms_per_token"] / auto["median_ms_per_token"])
                 g["paired"].append(paired)
@@ -46,8 +40,10 @@ def pooled(paths: list[str]) -> None:
             span = median_interval(g["runs"])
             interval = f" [{span[0]:.3f}-{span[1]:.3f}, {100 * span[2]:.1f} %]" if span else ""
             over = sum(r >= bar for r in g["runs"])
+            low = min(g["paired"])
+            low_text = f"{low:.3f}" if shown(low, bar) == round(low, 3) else f"{low:.4f}"  # 0.94991: 0.9499
             print(f"| {name} | {key} | {bar} | {sum(r >= bar for r in g['medians'])} of {len(g['medians'])} "
-                  f"| {sum(r >= bar for r in g['paired'])} of {len(g['paired'])} | {lowest(min(g['paired']), bar)} "
+                  f"| {sum(r >= bar for r in g['paired'])} of {len(g['paired'])} | {low_text} "
                   f"| {statistics.median(g['runs']):.3f}{interval} | {over} of {len(g['runs'])} |")
 
 
