@@ -246,6 +246,9 @@ def main(argv: list[str]) -> int:
         return run_gui()
     if argv[0] == "test":
         return run_tests(argv[1:])
+    if argv[0] == "startup-time":  # how fast the window paints and quits (app/startup_probe.py)
+        from app.startup_probe import measure
+        return measure(argv[1:])
     from engine.cli import main as cli_main
 
     return cli_main(argv)

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox
 from app import theme
 from app.icons import app_icon
 from app.quit_signals import close_on_signals
+from app.startup_probe import install as install_startup_probe
 from engine.errors import UserError
 
 ORG, APP = "TriForceChat", "TriForce Chat"
@@ -43,6 +44,7 @@ def run_app(argv: list[str] | None = None) -> int:
     except UserError as exc:  # e.g. the chat store cannot be opened
         QMessageBox.critical(None, "TriForce Chat", str(exc))
         return 2
+    install_startup_probe(window)
     window.show()
     close_on_signals(window)  # Ctrl+C / SIGTERM: the answer being written is kept, marked interrupted
     for path in argv[1:]:
