@@ -48,6 +48,7 @@ class AnswerRecorder:
         self.text = ""
         self.segments: list[tuple[str, int]] = []
         self.finished = False
+        self.passages: tuple | None = None  # the CitedPassages it was given (a document answered from passages)
         self._interval = save_interval_s
         self._saved_at = time.monotonic()
 
@@ -77,7 +78,8 @@ class AnswerRecorder:
         self._write(text, stats, state)
 
     def _write(self, text: str, stats: dict, state: str | None) -> None:
-        self.repo.update_message(self.chat_id, self.index, text, stats, fit_segments(self.segments, text), state=state)
+        self.repo.update_message(self.chat_id, self.index, text, stats, fit_segments(self.segments, text), state=state,
+                                 passages=self.passages)
         self._saved_at = time.monotonic()
 
 

@@ -19,6 +19,7 @@ from app.decode_prefs import settings_to_dict
 from app.job_messages import Conversation, DocumentReady, JobFailed, LoadProgress, ModelInfo, TokenBatch
 from app.jobs import JobKind, JobTable, failed, is_cancellation
 from app.overflow import overflow_from
+from app.passages_fit import PassagesUsed
 from app.window_view import WindowView
 from engine.errors import ContextOverflowError, UserError
 from engine.events import ChatMessage, Finished, FinishReason, Metrics, PrefillProgress, ReadProgress
@@ -279,6 +280,9 @@ class ChatController:
                 self._on_tokens(ev)
         elif isinstance(ev, Metrics):
             self.view.show_metrics(ev)
+        elif isinstance(ev, PassagesUsed):
+            if kind is JobKind.STREAM and self._answer is not None:
+                self._answer.passages = ev.passages  # kept with the answer, listed under it
         elif isinstance(ev, Finished):
             if ev.metrics is not None:
                 self.view.show_metrics(ev.metrics)
@@ -367,6 +371,8 @@ class ChatController:
         if answer.chat_id == self.chat_id:
             self.messages.append(ChatMessage("assistant", text))
             self.view.end_answer(text, footer, retry=state == "interrupted")
+            if answer.passages is not None:
+                self.view.list_passages(answer.passages)
             if ev.reason == FinishReason.ERROR:
                 self.view.show_error(ev.message or "The answer failed.")
         self.refresh_chats()

@@ -100,9 +100,11 @@ class ChatRepo:
                                       level_spans=spans_from_segments(segments), state=state).idx
 
     def update_message(self, chat_id: int, idx: int, text: str, stats: dict | None = None,
-                       segments: Sequence[tuple[str, int]] = (), state: str | None = None) -> None:
+                       segments: Sequence[tuple[str, int]] = (), state: str | None = None,
+                       passages: Sequence[Any] | None = None) -> None:
+        """Rewrite a message; `passages` (CitedPassages) are the answer's cited passages (None: leave them)."""
         self.store.update_message(chat_id, idx, text=text, stats=stats or {},
-                                  level_spans=spans_from_segments(segments), state=state)
+                                  level_spans=spans_from_segments(segments), state=state, passages=passages)
 
     def begin_turn(self, chat_id: int, question: str) -> tuple[int, int]:
         """Save a question and an empty answer marked "streaming" in one transaction: (question, answer) idx."""

@@ -14,6 +14,8 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.chat_repo import segments_from_spans
+from app.passages_fit import CitedPassage
+from app.passages_view import PassagesList
 from app.message_widget import LEVEL_NAMES, MARKDOWN_FEATURES, Message, MessageWidget, render_markdown  # noqa: F401
 from app.theme import Colors, colors
 
@@ -54,6 +56,7 @@ class ChatView(QScrollArea):
     regenerateRequested = Signal()
     retryRequested = Signal()  # the last question was cut off: ask it again
     editRequested = Signal(int)  # the question's position among the chat's user/assistant messages
+    passageClicked = Signal(object)  # a CitedPassage in the list under an answer
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -125,8 +128,10 @@ class ChatView(QScrollArea):
             if state != "done" and not footer or state in ("interrupted", "streaming") and "interrupted" not in footer \
                     and "error" not in footer:
                 footer = FOOTER_BY_STATE.get(state, footer)
-            self.add_message(m.role, m.text, footer, store_index=m.idx,
-                             segments=segments_from_spans(m.text, m.level_spans))
+            w = self.add_message(m.role, m.text, footer, store_index=m.idx,
+                                 segments=segments_from_spans(m.text, m.level_spans))
+            if m.role == "assistant" and getattr(m, "passages", None) is not None:
+                self.add_passages(w, [CitedPassage(**p) for p in m.passages])
         if retry_index is not None:
             self.offer_retry(retry_index)
 
@@ -169,6 +174,25 @@ class ChatView(QScrollArea):
         w.render()
         self._update_actions()
         return w
+
+    def list_passages(self, passages: Any) -> PassagesList | None:
+        """List `passages` under the last answer (the one just finished)."""
+        answers = [w for w in self._chat_widgets() if w.message.role == "assistant"]
+        return self.add_passages(answers[-1], passages) if answers else None
+
+    def add_passages(self, w: MessageWidget, passages: Any) -> PassagesList:
+        """List the passages an answer was given under its bubble (a click emits passageClicked)."""
+        listing = PassagesList(passages, w)
+        listing.passageClicked.connect(self.passageClicked.emit)
+        w.layout().addWidget(listing)
+        listing.show()  # added after the bubble was shown
+        w.passages_list = listing
+        return listing
+
+    @property
+    def passage_lists(self) -> list[PassagesList]:
+        """The passage lists under the answers on screen, in order."""
+        return [w.passages_list for w in self._widgets if w.passages_list is not None]
 
     def offer_retry(self, store_index: int) -> None:
         """The question stored at `store_index` was cut off (crash, kill, shutdown): mark its answer

@@ -289,6 +289,9 @@ class MainWindow(QMainWindow):
     def end_answer(self, text: str | None, footer: str, retry: bool) -> None:
         self.chat_view.finish_answer(text, footer, retry=retry)
 
+    def list_passages(self, passages: Any) -> None:
+        self.chat_view.list_passages(passages)
+
     def remove_after(self, position: int) -> None:
         self.chat_view.truncate(position)
 

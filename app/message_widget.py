@@ -111,6 +111,7 @@ class MessageWidget(QFrame):
     def __init__(self, message: Message, c: Colors, header: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.message = message
+        self.passages_list: QWidget | None = None  # the passages it was given, listed under it
         self._colors = c
         self._color_levels = False
         names = {"user": "userBubble", "assistant": "answerBubble", "error": "errorBubble", "notice": "noticeBubble"}

@@ -2,7 +2,8 @@
 and the presenter that feeds it and the header's context meter.
 
 The presenter is a QObject on the GUI thread: the engine thread's `PassagesUsed` (sent before the
-answer's first token) arrives here queued, is kept until the answer ends, then listed under it.
+answer's first token) arrives here queued and sizes the context meter; the controller keeps the
+passages with the answer in the store, and the chat view lists them under it, live and on reopen.
 """
 from __future__ import annotations
 
@@ -69,11 +70,11 @@ class PassagesPresenter(QObject):
         self.window = window
         self.pending: PassagesUsed | None = None  # given to the answer being written
         self.last: PassagesUsed | None = None  # given to the last answer
-        self.lists: list[PassagesList] = []
         self.dialog: QDialog | None = None
         self.passage_tokens: dict[str, int] = {}  # title -> tokens its last selection took
         window.engine.engineEvent.connect(self._on_engine_event)
         window.answerFinished.connect(self._on_answer_finished)
+        window.chat_view.passageClicked.connect(self._show)
         for signal in (window.modelReady, window.prefillFinished, window.documentAdded,
                        window.composer.edit.textChanged, window.chips.removeRequested,
                        window.chat_list.chatSelected, window.chat_list.newRequested):
@@ -104,17 +105,15 @@ class PassagesPresenter(QObject):
             self.passage_tokens = {title: tokens for title, fit, tokens in ev.document_tokens if fit == PASSAGES}
             self.refresh()
 
+    @property
+    def lists(self) -> list[PassagesList]:
+        """The passage lists under the answers on screen (the controller puts each under its answer)."""
+        return self.window.chat_view.passage_lists
+
     def _on_answer_finished(self, _ev: Any) -> None:
         used, self.pending = self.pending, None
         if used is not None:
             self.last = used
-            answers = [m for m in self.window.chat_view._chat_widgets() if m.message.role == "assistant"]
-            if answers:
-                listing = PassagesList(used.passages, answers[-1])
-                listing.passageClicked.connect(self._show)
-                answers[-1].layout().addWidget(listing)
-                listing.show()  # added after the bubble was shown
-                self.lists.append(listing)
         self.refresh()
 
     def _show(self, passage: CitedPassage) -> None:

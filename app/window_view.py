@@ -24,6 +24,7 @@ class WindowView(Protocol):
     def start_answer(self) -> None: ...  # noqa: E704
     def append_answer(self, batch: TokenBatch) -> None: ...  # noqa: E704
     def end_answer(self, text: str | None, footer: str, retry: bool) -> None: ...  # noqa: E704
+    def list_passages(self, passages: Any) -> None: ...  # noqa: E704 - under the answer just ended
     def remove_after(self, position: int) -> None: ...  # noqa: E704
     def set_generating(self, on: bool) -> None: ...  # noqa: E704
     def show_progress(self, label: str | None, ev: PrefillProgress | ReadProgress | None = None) -> None: ...  # noqa: E704

@@ -77,6 +77,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         "ALTER TABLE chat_documents ADD COLUMN fit TEXT NOT NULL DEFAULT 'whole' "
         "CHECK (fit IN ('whole', 'passages'))",
     )),
+    Migration(4, "the passages an answer was given (a document answered from its passages), kept with it", (
+        # a JSON list of {"document", "label", "first_words", "text"}; NULL: not answered from passages
+        "ALTER TABLE messages ADD COLUMN passages TEXT",
+    )),
 )
 
 
@@ -91,6 +95,9 @@ class Message:
     stats: dict = field(default_factory=dict, compare=False, hash=False)
     level_spans: tuple[tuple[int, int, int], ...] = ()  # (start_char, end_char, level)
     state: str = "done"  # one of STATES
+    # the passages the answer was given: ({"document", "label", "first_words", "text"}, ...); None when
+    # no document was answered from its passages (an empty tuple: none matched the question)
+    passages: tuple[dict, ...] | None = field(default=None, compare=False, hash=False)
 
     @property
     def partial(self) -> bool:
@@ -155,8 +162,21 @@ def drop_orphan_documents(conn: sqlite3.Connection) -> None:
 
 def message_from_row(row: sqlite3.Row) -> Message:
     spans = tuple(tuple(s) for s in json.loads(row["level_spans"]))
+    cited = row["passages"] if "passages" in row.keys() else None
     return Message(row["id"], row["chat_id"], row["idx"], row["role"], row["text"], row["created"],
-                   json.loads(row["stats"]), spans, row["state"])
+                   json.loads(row["stats"]), spans, row["state"],
+                   None if cited is None else tuple(json.loads(cited)))
+
+
+PASSAGE_FIELDS = ("document", "label", "first_words", "text")
+
+
+def checked_passages(passages: Sequence[Any] | None) -> str | None:
+    """Cited passages (dicts or objects with PASSAGE_FIELDS) as the JSON the store keeps; None stays None."""
+    if passages is None:
+        return None
+    rows = [{k: str(p[k] if isinstance(p, dict) else getattr(p, k)) for k in PASSAGE_FIELDS} for p in passages]
+    return dumps(rows)
 
 
 def checked_spans(level_spans: Sequence[Sequence[int]]) -> tuple[tuple[int, int, int], ...]:

@@ -19,8 +19,8 @@ from engine.errors import StoreError
 from engine.events import DocumentText
 from engine.store import paths
 from engine.store.chat_schema import (
-    MIGRATIONS, ROLES, STATES, Chat, ChatSummary, Message, Migration, StoredDocument, advice, checked_spans,
-    contains_ci, drop_orphan_documents, dumps, iso, message_from_row, plain, text_sha256,
+    MIGRATIONS, ROLES, STATES, Chat, ChatSummary, Message, Migration, StoredDocument, advice, checked_passages,
+    checked_spans, contains_ci, drop_orphan_documents, dumps, iso, message_from_row, plain, text_sha256,
 )
 from engine.store.turns import CHECKPOINT_INTERVAL_S, Turn, insert_turn, recover_interrupted, writer_id
 
@@ -236,8 +236,10 @@ class ChatStore:
         return Message(cur.lastrowid, chat_id, idx, role, text, now, plain(stats), spans, state)
 
     def update_message(self, chat_id: int, idx: int, *, text: str | None = None, stats: Any = None,
-                       level_spans: Sequence[Sequence[int]] | None = None, state: str | None = None) -> Message:
-        """Change a message's text, stats, level spans and/or state (arguments left None stay)."""
+                       level_spans: Sequence[Sequence[int]] | None = None, state: str | None = None,
+                       passages: Sequence[Any] | None = None) -> Message:
+        """Change a message's text, stats, level spans, state and/or cited passages (dicts or objects with
+        document, label, first_words, text) (arguments left None stay)."""
         changes, params = [], []
         if state is not None:
             changes.append("state = ?"), params.append(_check_state(state))
@@ -247,6 +249,8 @@ class ChatStore:
             changes.append("stats = ?"), params.append(dumps(plain(stats)))
         if level_spans is not None:
             changes.append("level_spans = ?"), params.append(json.dumps(checked_spans(level_spans)))
+        if passages is not None and self.schema_version >= 4:
+            changes.append("passages = ?"), params.append(checked_passages(passages))
         with self.transaction() as conn:
             self._require_chat(conn, chat_id)
             if changes:
@@ -366,7 +370,8 @@ class ChatStore:
             "chat": {"id": chat.id, "title": chat.title, "created": iso(chat.created),
                      "updated": iso(chat.updated), "model_spec": chat.model_spec, "settings": chat.settings},
             "messages": [{"idx": m.idx, "role": m.role, "text": m.text, "created": iso(m.created),
-                          "stats": m.stats, "level_spans": [list(s) for s in m.level_spans], "state": m.state}
+                          "stats": m.stats, "level_spans": [list(s) for s in m.level_spans], "state": m.state,
+                          **({} if m.passages is None else {"passages": [dict(p) for p in m.passages]})}
                          for m in chat.messages],
             "documents": [{"sha256": d.sha256, "title": d.title, "source": d.source, "bytes": d.bytes,
                            "format": d.format, "position": d.position, "token_counts": d.token_counts, "fit": d.fit,
@@ -387,6 +392,8 @@ class ChatStore:
             lines += ["", f"## {message.role.capitalize()}", "", message.text.rstrip()]
             if message.state != "done":
                 lines += ["", _PARTIAL_NOTES[message.role == "user"][message.state]]
+            if message.passages is not None:
+                lines += ["", *passages_markdown(message.passages)]
         return "\n".join(lines) + "\n"
 
     # -- helpers --------------------------------------------------------------------------------
@@ -414,6 +421,17 @@ _PARTIAL_NOTES = (  # what an export says under a message that is not whole: [is
      "interrupted": "*(interrupted: partial answer)*"},
     {"streaming": "", "stopped": "*(not answered: stopped)*", "interrupted": "*(not answered: interrupted)*"},
 )
+
+
+def passages_markdown(passages: Sequence[dict]) -> list[str]:
+    """The lines listing an answer's cited passages: a lead-in, then one quoted item per passage."""
+    if not passages:
+        return ["*Answered without the document: no passage shares a word with the question.*"]
+    titles = ", ".join(f"“{t}”" for t in dict.fromkeys(p["document"] for p in passages))
+    lines = [f"*Answered from {len(passages)} passage{'s' if len(passages) != 1 else ''} of {titles}:*", ""]
+    for p in passages:
+        lines.append(f"- **{p['document']}, {p['label']}:** {' '.join(p['text'].split())}")
+    return lines
 
 
 def _check_state(state: str) -> str:

@@ -1,0 +1,96 @@
+"""What a new user tripped on in the app (issue 70): cited passages kept with the answer and shown on
+reopen and in exports, Load refused for a GPU this machine lacks, banners that clear with their
+cause, the first-token time counting the reading, the Live panel and meter of a fresh start."""
+from __future__ import annotations
+
+import json
+
+from app.passages_fit import CitedPassage, PassagesUsed
+from engine.events import Finished, FinishReason
+from engine.store.chat_schema import MIGRATIONS
+from engine.store.chats import ChatStore
+from tests.gui.fakes import FakeBackend
+from tests.gui.test_controller import RecordingView, ScriptedEngine, rig  # noqa: F401 - rig is a fixture
+
+CITED = (CitedPassage("Hamlet", "Act 5, Scene 2", "QUEEN. No, no, the drink",
+                      "QUEEN. No, no, the drink, the drink! O my dear Hamlet! The drink, the drink! I am poison'd."),
+         CitedPassage("Hamlet", "Act 1, Scene 5", "GHOST. I am thy father's spirit",
+                      "GHOST. I am thy father's spirit, doom'd for a certain term to walk the night."))
+
+
+def _used(passages=CITED) -> PassagesUsed:
+    return PassagesUsed(tuple(passages), 2400, 8000, (("Hamlet", "passages", 2300),))
+
+
+def test_cited_passages_are_stored_with_the_answer_and_exported(rig):  # noqa: F811
+    controller, _view, engine, repo = rig
+    controller.send("What happens when the Queen drinks?")
+    job = len(engine.jobs)
+    controller.on_engine_event(job, _used())
+    controller.on_engine_event(job, Finished(FinishReason.EOS, "She is poisoned."))
+    controller.on_job_done(job)
+    question, answer = repo.messages(controller.chat_id)
+    assert question.passages is None
+    assert [p["label"] for p in answer.passages] == ["Act 5, Scene 2", "Act 1, Scene 5"]
+    assert answer.passages[0]["text"].endswith("I am poison'd.")
+
+    markdown = repo.export(controller.chat_id, "markdown")
+    assert "Answered from 2 passages of “Hamlet”" in markdown
+    assert "- **Hamlet, Act 5, Scene 2:** QUEEN. No, no, the drink" in markdown
+    assert markdown.index("She is poisoned.") < markdown.index("Act 5, Scene 2")
+    exported = json.loads(repo.export(controller.chat_id, "json"))
+    assert "passages" not in exported["messages"][0]
+    assert exported["messages"][1]["passages"][1] == {
+        "document": "Hamlet", "label": "Act 1, Scene 5", "first_words": "GHOST. I am thy father's spirit",
+        "text": CITED[1].text}
+
+
+def test_a_store_from_before_passages_opens_and_upgrades(tmp_path):
+    path = tmp_path / "chats.db"
+    old = ChatStore(path, migrations=MIGRATIONS[:3])
+    chat = old.create_chat("Before")
+    old.add_message(chat.id, "user", "Hi")
+    old.add_message(chat.id, "assistant", "Hello")
+    old.close()
+    store = ChatStore(path)
+    assert store.schema_version == 4 and [m.passages for m in store.messages(chat.id)] == [None, None]
+    answer = store.update_message(chat.id, 1, passages=CITED[:1])
+    assert answer.passages == ({"document": "Hamlet", "label": "Act 5, Scene 2",
+                                "first_words": CITED[0].first_words, "text": CITED[0].text},)
+    assert "Answered from" not in store.export_markdown(chat.id).split("## Assistant")[0]
+    store.close()
+    assert (tmp_path / "chats.db.v3.bak").exists()  # the upgrade kept a copy
+
+
+def test_passages_are_listed_again_when_the_chat_is_reopened(qtbot, make_window):
+    window = make_window("fake-model", backend=FakeBackend(step_s=0.05, tokens=8))
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000):
+        window.send("What happens when the Queen drinks?")
+        window.engine.engineEvent.emit(window.controller.jobs.stream, _used())  # as the worker sends it
+    live = window.chat_view.passage_lists
+    assert len(live) == 1 and [link.text() for link in live[0].links]
+    live_lines = [link.text() for link in live[0].links]
+    chat_id = window.chat_id
+
+    window.new_chat()
+    assert window.chat_view.passage_lists == []
+    window.open_chat(chat_id)
+    (reopened,) = window.chat_view.passage_lists
+    assert [link.text() for link in reopened.links] == live_lines
+    assert reopened.passages == CITED
+    reopened.links[0].click()
+    qtbot.waitUntil(lambda: window.passages.dialog is not None and window.passages.dialog.isVisible())
+    assert "Act 5, Scene 2" in window.passages.dialog.windowTitle()
+    window.passages.dialog.close()
+
+
+def test_an_answer_whose_passages_matched_nothing_says_so_on_reopen(qtbot, make_window):
+    window = make_window("fake-model", backend=FakeBackend(step_s=0.05, tokens=4))
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000):
+        window.send("xyzzy?")
+        window.engine.engineEvent.emit(window.controller.jobs.stream, _used(()))
+    chat_id = window.chat_id
+    window.new_chat()
+    window.open_chat(chat_id)
+    (reopened,) = window.chat_view.passage_lists
+    assert reopened.passages == () and reopened.links == []
