@@ -19,6 +19,27 @@ from engine.api import BUNDLED_ID, PRESETS
 
 PROFILES = (("auto", "This computer (detected)"), ("cpu", "CPU only"), ("4090", "One RTX 4090 (24 GB)"),
             ("4090x2", "Two RTX 4090s (2 × 24 GB)"))
+GPUS_NEEDED = {"4090": 1, "4090x2": 2}  # a plan for another computer: Load needs this many GPUs here
+
+
+def gpus_here() -> int:
+    """How many GPUs this machine has (NVML), 0 when none or when it cannot tell."""
+    try:
+        from engine.api import sample_memory
+        return len(sample_memory().gpus)
+    except Exception:  # noqa: BLE001 - no telemetry: plan only, never load for a GPU we cannot see
+        return 0
+
+
+def load_refusal(profile: str, gpus: int) -> str:
+    """Why a plan for `profile` cannot be loaded on a machine with `gpus` GPUs ("" when it can)."""
+    needed = GPUS_NEEDED.get(profile, 0)
+    if gpus >= needed:
+        return ""
+    label = dict(PROFILES)[profile]
+    have = "no GPU" if gpus == 0 else f"{gpus} GPU{'s' if gpus != 1 else ''}"
+    return (f"This plan is for {label}; this computer has {have}, so it cannot load it here. "
+            "Choose \"This computer (detected)\" to see what loads on this machine.")
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,7 @@ class ModelPicker(QDialog):
         each model's whole context."""
         super().__init__(parent)
         self._wanted_context = context
+        self._gpu_count: int | None = None  # GPUs on this machine, looked up once
         self.setWindowTitle("Choose a model")
         self.resize(1060, 600)
         lay = QVBoxLayout(self)
@@ -202,7 +224,7 @@ class ModelPicker(QDialog):
 
     def _on_selected(self) -> None:
         c = self.chosen()
-        self.load_button.setEnabled(c is not None)
+        self.load_button.setEnabled(c is not None and not load_refusal(self.profile.currentData(), self._gpus_here()))
         if c is None:
             return
         self.title.setText(" ".join(c.label.split()))
@@ -233,7 +255,8 @@ class ModelPicker(QDialog):
         except UserError as exc:
             self._show_verdict(None, str(exc))
             self.plan_text.setPlainText("")
-            self.load_button.setEnabled(True)  # the plan could not be made: loading will say why
+            # the plan could not be made: loading will say why (unless the plan is for another computer)
+            self.load_button.setEnabled(not load_refusal(self.profile.currentData(), self._gpus_here()))
             return
         except ImportError:
             self._show_verdict(None, "The planner is not available in this build.")
@@ -253,6 +276,17 @@ class ModelPicker(QDialog):
         else:
             self._show_verdict(False, "Does not fit: " + "; ".join(map(str, plan.shortfalls))
                                + ". Try a shorter context, a smaller model, or another device profile.")
+        refusal = load_refusal(self.profile.currentData(), self._gpus_here())
+        self.load_button.setToolTip(refusal)
+        if refusal:  # planning for other hardware is fine; loading for it here is not
+            self.load_button.setEnabled(False)
+            if plan.fits:
+                self._show_verdict(False, f"Fits there ({plan.mode}), not here: {refusal}")
+
+    def _gpus_here(self) -> int:
+        if self._gpu_count is None:
+            self._gpu_count = gpus_here()
+        return self._gpu_count
 
     def _machine_ram(self) -> int | None:
         """This machine's RAM: a GPU profile plans with it (not a 128 GB workstation's)."""
@@ -292,7 +326,7 @@ class ModelPicker(QDialog):
 
     def _on_load(self) -> None:
         c = self.chosen()
-        if c is not None:
+        if c is not None and self.load_button.isEnabled():
             self.modelChosen.emit(c.spec, c.draft)
             self.accept()
 

@@ -94,3 +94,40 @@ def test_an_answer_whose_passages_matched_nothing_says_so_on_reopen(qtbot, make_
     window.open_chat(chat_id)
     (reopened,) = window.chat_view.passage_lists
     assert reopened.passages == () and reopened.links == []
+
+
+def _pick(dialog, spec: str) -> None:
+    from PySide6.QtCore import Qt
+    for i in range(dialog.list.count()):
+        c = dialog.list.item(i).data(Qt.ItemDataRole.UserRole)
+        if c is not None and c.spec == spec:
+            dialog.list.setCurrentRow(i)
+
+
+def test_load_is_refused_for_a_plan_made_for_a_gpu_this_machine_lacks(qtbot, monkeypatch):
+    from app import model_picker
+    monkeypatch.setattr(model_picker, "gpus_here", lambda: 0)  # a CPU-only machine
+    dialog = model_picker.ModelPicker(current="bundled")
+    qtbot.addWidget(dialog)
+    dialog.show()
+    chosen = []
+    dialog.modelChosen.connect(lambda spec, draft: chosen.append(spec))
+    _pick(dialog, "meta-llama/Llama-3.1-8B-Instruct")
+    dialog.profile.setCurrentIndex(dialog.profile.findData("4090"))
+    qtbot.waitUntil(lambda: "cuda:0" in dialog.plan_text.toPlainText(), timeout=10_000)  # the plan is still made
+    qtbot.waitUntil(lambda: not dialog.load_button.isEnabled(), timeout=5_000)
+    assert "this computer has no GPU" in dialog.verdict.text() and "One RTX 4090" in dialog.verdict.text()
+    assert dialog.load_button.toolTip() and "no GPU" in dialog.load_button.toolTip()
+    dialog.load_button.click()
+    dialog._on_load()  # Enter on the dialog: nothing loads either
+    assert chosen == []
+    # planning for two cards on a one-card machine: refused too
+    monkeypatch.setattr(dialog, "_gpu_count", 1)
+    dialog.profile.setCurrentIndex(dialog.profile.findData("4090x2"))
+    qtbot.waitUntil(lambda: "this computer has 1 GPU," in dialog.verdict.text(), timeout=10_000)
+    assert not dialog.load_button.isEnabled()
+    # this machine's own profile loads what fits
+    _pick(dialog, "bundled")
+    dialog.profile.setCurrentIndex(dialog.profile.findData("cpu"))
+    qtbot.waitUntil(lambda: dialog.verdict.text().startswith("Fits ("), timeout=10_000)
+    assert dialog.load_button.isEnabled() and dialog.load_button.toolTip() == ""

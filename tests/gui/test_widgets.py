@@ -239,8 +239,10 @@ def test_memory_panel_without_gpu(qtbot):
     assert "900.0 MiB" in panel.process.text()
 
 
-def test_model_picker_shows_the_plan(qtbot, shots):
+def test_model_picker_shows_the_plan(qtbot, shots, monkeypatch):
+    from app import model_picker
     from app.model_picker import ModelPicker
+    monkeypatch.setattr(model_picker, "gpus_here", lambda: 1)  # a machine with a GPU: a 4090 plan loads
     dialog = ModelPicker(current="bundled")
     qtbot.addWidget(dialog)
     dialog.show()
