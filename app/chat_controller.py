@@ -31,6 +31,7 @@ SHOW_PREFILL_MIN_TOKENS = 192  # shorter prompt prefills are too quick to deserv
 STOPPED_EMPTY = "stopped before the answer began"
 STOPPED_PARTIAL = "stopped — partial answer"
 INTERRUPTED = "interrupted — partial answer"
+MODEL_BANNER = "model"  # what a "could not load the model" banner is about (files: their paths)
 
 
 class ChatController:
@@ -233,6 +234,7 @@ class ChatController:
         self.view.show_model(info, session.settings if session is not None else None)
         self.view.set_status(f"{info.name} · {info.device} · {info.max_context:,}-token context · "
                              f"drafter: {info.draft}")
+        self.view.clear_banners((MODEL_BANNER,))  # an earlier model failed to load; this one did
         self.documents.recount(self.chat_id, info.model_id)  # token counts depend on the tokenizer
         self._count_uncounted()
         self.update_context()
@@ -300,20 +302,21 @@ class ChatController:
             still = f" — still using {self.model.name}" if self.model is not None else " — no model loaded"
             self.view.set_status(("Model loading cancelled" if cancelled else "Model loading failed") + still)
             if not cancelled:
-                self.view.show_error(f"Could not load the model: {f.message}", f.details)
+                self.view.show_error(f"Could not load the model: {f.message}", f.details, about=(MODEL_BANNER,))
         elif kind is JobKind.STREAM:
             if f.details:
                 log.error("stream failed: %s", f.details)
             self._on_outcome(f.job, kind, failed(f.message))
         elif kind is JobKind.INGEST and f.path:  # one file could not be read; the others of the job go on
             name = Path(f.path).name
-            self.view.show_error(f.message if f.user_error else f"Could not add {name}: {f.message}", f.details)
+            self.view.show_error(f.message if f.user_error else f"Could not add {name}: {f.message}", f.details,
+                                 about=(f.path,))
         elif kind is JobKind.INGEST:
             ingest = self._ingests.get(f.job)
             if isinstance(f.error, ContextOverflowError):
                 paths = ingest.paths if ingest is not None else ()
                 overflow = overflow_from(f.message, paths, f.error)
-                self.view.show_error(overflow.text())
+                self.view.show_error(overflow.text(), about=paths)
                 self.view.show_overflow(overflow)
                 self._on_outcome(f.job, kind, failed(f.message), quiet=True)
             else:
@@ -383,14 +386,16 @@ class ChatController:
         docs = ingest.documents if ingest is not None and ingest.chat_id == self.chat_id else []
         if ev.reason in (FinishReason.CANCELLED, FinishReason.ERROR):
             titles = self._drop_unsaved(docs)
+            paths = ingest.paths if ingest is not None else ()
             if ev.reason == FinishReason.CANCELLED and titles:
-                self.view.show_notice(f"Stopped reading {titles}; not added to the chat.")
+                self.view.show_notice(f"Stopped reading {titles}; not added to the chat.", about=paths)
             elif ev.reason == FinishReason.ERROR and not quiet:
-                self.view.show_error(ev.message or f"Could not read {titles or 'the document'}.")
+                self.view.show_error(ev.message or f"Could not read {titles or 'the document'}.", about=paths)
         elif docs:
             chat_id = self._ensure_chat(docs[0].document.title)
             for a in docs:
                 self.documents.save(a, chat_id, self.model_id)
+            self.view.clear_banners(ingest.paths)  # "was not added", "stopped reading": no longer so
             self.refresh_chats()
         self.update_context()
         self.view.emit("prefillFinished", ev)

@@ -135,8 +135,15 @@ class ChatView(QScrollArea):
         if retry_index is not None:
             self.offer_retry(retry_index)
 
-    def add_error(self, text: str) -> MessageWidget:
-        return self._add(Message("error", text))
+    def add_error(self, text: str, about: Any = ()) -> MessageWidget:
+        """An error banner; `about` (file paths, "model") lets clear_banners take it away later."""
+        return self._add(Message("error", text, about=tuple(about)))
+
+    def clear_banners(self, about: Any) -> None:
+        """Remove the error and notice banners about any of `about` (their cause is gone)."""
+        keys = set(about)
+        for w in [w for w in self._widgets if w.message.role in ("error", "notice") and keys & set(w.message.about)]:
+            self._remove(w)
 
     def start_answer(self) -> MessageWidget:
         """An empty assistant bubble that `append_tokens` fills."""

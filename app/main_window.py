@@ -324,17 +324,22 @@ class MainWindow(QMainWindow):
     def set_context_text(self, text: str) -> None:
         self.context_label.setText(text)
 
-    def show_error(self, message: str, details: str = "") -> None:
-        """User errors and bugs alike appear in the chat; the app keeps working."""
+    def show_error(self, message: str, details: str = "", about: Any = ()) -> None:
+        """User errors and bugs alike appear in the chat; the app keeps working. `about`: what the
+        banner is about (file paths, "model"), so it goes when that is resolved."""
         if details:
             log.error("%s\n%s", message, details)
             message = f"{message}\n\n(The full traceback is in the log.)"
-        self.chat_view.add_error(message)
+        self.chat_view.add_error(message, about)
         self.errorShown.emit(message)
 
-    def show_notice(self, message: str) -> None:
+    def show_notice(self, message: str, about: Any = ()) -> None:
         w = self.chat_view.add_message("notice", message)
+        w.message.about = tuple(about)
         w.header.setText("Note")
+
+    def clear_banners(self, about: Any) -> None:
+        self.chat_view.clear_banners(about)
 
     def show_overflow(self, overflow: Overflow) -> None:
         self._overflow_box = show_overflow_dialog(self, overflow, lambda key: self._on_overflow_action(key, overflow))

@@ -97,6 +97,7 @@ class Message:
     segments: list[tuple[str, int]] = field(default_factory=list)
     store_index: int | None = None
     retry: bool = False  # cut off by a crash, an error or a shutdown: offer to ask again
+    about: tuple[str, ...] = ()  # a banner's cause (file paths, "model"): it goes when that is resolved
 
 
 class MessageWidget(QFrame):

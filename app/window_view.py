@@ -33,8 +33,10 @@ class WindowView(Protocol):
     def show_prefill(self, ev: PrefillProgress) -> None: ...  # noqa: E704 - the cache bars while a prompt is read
     def reset_live(self) -> None: ...  # noqa: E704 - a new or another chat: no numbers of the last one
     def set_context_text(self, text: str) -> None: ...  # noqa: E704
-    def show_error(self, message: str, details: str = "") -> None: ...  # noqa: E704
-    def show_notice(self, message: str) -> None: ...  # noqa: E704
+    # about: what the banner is about (file paths, "model"); clear_banners removes it when that is resolved
+    def show_error(self, message: str, details: str = "", about: Any = ()) -> None: ...  # noqa: E704
+    def show_notice(self, message: str, about: Any = ()) -> None: ...  # noqa: E704
+    def clear_banners(self, about: Any) -> None: ...  # noqa: E704
     def show_overflow(self, overflow: Overflow) -> None: ...  # noqa: E704
     def decode_settings(self) -> DecodeSettings: ...  # noqa: E704
     def system_prompt(self) -> str: ...  # noqa: E704

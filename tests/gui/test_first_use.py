@@ -131,3 +131,46 @@ def test_load_is_refused_for_a_plan_made_for_a_gpu_this_machine_lacks(qtbot, mon
     dialog.profile.setCurrentIndex(dialog.profile.findData("cpu"))
     qtbot.waitUntil(lambda: dialog.verdict.text().startswith("Fits ("), timeout=10_000)
     assert dialog.load_button.isEnabled() and dialog.load_button.toolTip() == ""
+
+
+def _banners(window) -> list[str]:
+    return [w.message.text for w in window.chat_view._widgets if w.message.role in ("error", "notice")]
+
+
+def test_the_not_added_banner_goes_once_the_book_is_added_as_passages(qtbot, make_window, tmp_path):
+    window = make_window("fake-model", backend=FakeBackend(max_context=8192))
+    book = tmp_path / "othello.md"
+    book.write_text("Put out the light, and then put out the light. " * 1200, encoding="utf-8")  # ~14K tokens
+    with qtbot.waitSignal(window.errorShown, timeout=10_000):
+        window.attach_file(str(book))
+    qtbot.waitUntil(lambda: window._overflow_box is not None and window._overflow_box.isVisible())
+    assert any("“othello.md” was not added" in text for text in _banners(window))
+    with qtbot.waitSignal(window.prefillFinished, timeout=10_000):
+        next(b for b in window._overflow_box.buttons() if b.text() == "Answer from the most relevant passages").click()
+    qtbot.waitUntil(lambda: len(window.chips.chips) == 1)
+    assert window.chips.chips[0].fit == "passages"
+    assert _banners(window) == []
+
+
+def test_the_stopped_reading_note_goes_once_the_document_is_attached_again(qtbot, make_window, tmp_path):
+    window = make_window("fake-model", backend=FakeBackend(prefill_step_s=0.05))
+    doc = tmp_path / "notes.md"
+    doc.write_text("word " * 4000, encoding="utf-8")  # 20 prefill steps
+    with qtbot.waitSignal(window.prefillFinished, timeout=10_000):
+        window.attach_file(str(doc))
+        qtbot.waitUntil(lambda: len(window.chips.chips) == 1)  # read and counted; now being prefilled
+        window.stop()
+    assert any(text.startswith("Stopped reading “notes”") for text in _banners(window))
+    with qtbot.waitSignal(window.prefillFinished, timeout=10_000) as done:
+        window.attach_file(str(doc))
+    assert done.args[0].reason == FinishReason.STOP and len(window.chips.chips) == 1
+    assert _banners(window) == []
+
+
+def test_a_model_load_error_goes_once_a_model_loads(qtbot, make_window):
+    window = make_window("fake-model", backend=FakeBackend())
+    window.controller.view.show_error("Could not load the model: no such repo", about=("model",))
+    window.show_error("Something unrelated went wrong")
+    with qtbot.waitSignal(window.modelReady, timeout=10_000):
+        window.load_model("fake-model")
+    assert _banners(window) == ["Something unrelated went wrong"]
