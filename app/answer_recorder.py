@@ -8,6 +8,7 @@ A crash leaves the row "streaming"; the store marks it "interrupted" when it is 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from app.formatting import fmt_seconds
@@ -49,6 +50,7 @@ class AnswerRecorder:
         self.segments: list[tuple[str, int]] = []
         self.finished = False
         self.passages: tuple | None = None  # the CitedPassages it was given (a document answered from passages)
+        self.timing = AnswerTiming(time.monotonic())
         self._interval = save_interval_s
         self._saved_at = time.monotonic()
 
@@ -64,6 +66,8 @@ class AnswerRecorder:
         return cls(repo, chat_id, repo.begin_answer(chat_id))
 
     def add(self, batch: "TokenBatch") -> None:
+        if self.timing.first_token_at is None:
+            self.timing.first_token_at = time.monotonic()
         for piece in batch.pieces:
             self.text += piece.text
             self.segments.append((piece.text, int(piece.level)))
@@ -83,21 +87,61 @@ class AnswerRecorder:
         self._saved_at = time.monotonic()
 
 
-def answer_footer(ev: "Finished") -> str:
-    """How an answer ended and how fast it came, under its bubble."""
+@dataclass
+class AnswerTiming:
+    """Where an answer's wait went, on the GUI thread's clock (time.monotonic())."""
+
+    asked_at: float  # the question was sent (or Regenerate / Retry pressed)
+    first_token_at: float | None = None
+    document_read_s: float | None = None  # a freshly attached document's reading, before or while asked
+    passages_at: float | None = None  # the passages were chosen (answers from passages)
+    passage_count: int = 0
+    prompt_tokens_read: int = 0  # what this answer's own prefill read (history, passages)
+    prompt_read_s: float = 0.0
+
+    def parts(self) -> list[str]:
+        """'read 20.3 s', 'chose 12 passages in 3.1 s', 'read 9,800 tokens of passages in 61.2 s'."""
+        out = []
+        if self.document_read_s is not None:
+            out.append(f"read {fmt_seconds(self.document_read_s)}")
+        if self.passages_at is not None:
+            out.append(f"chose {self.passage_count} passage{'s' if self.passage_count != 1 else ''} in "
+                       f"{fmt_seconds(self.passages_at - self.asked_at)}")
+        if self.prompt_tokens_read >= SHOW_READ_MIN_TOKENS:
+            what = " of passages" if self.passages_at is not None else ""
+            out.append(f"read {self.prompt_tokens_read:,} tokens{what} in {fmt_seconds(self.prompt_read_s)}")
+        return out
+
+    @property
+    def first_token_s(self) -> float | None:
+        """From the question to the first token: reading and choosing passages included."""
+        return None if self.first_token_at is None else self.first_token_at - self.asked_at
+
+
+SHOW_READ_MIN_TOKENS = 192  # a shorter prompt is read too quickly to mention
+
+
+def answer_footer(ev: "Finished", timing: AnswerTiming | None = None) -> str:
+    """How an answer ended and how fast it came, under its bubble; with `timing`, where the wait
+    went (reading, choosing passages) and the first token counted from the question."""
     m = ev.metrics
     parts = []
     if ev.reason == FinishReason.CANCELLED:
         parts.append("stopped — partial answer")
     elif ev.reason == FinishReason.LENGTH:
         parts.append("reached the answer length limit")
+    if timing is not None:
+        parts += timing.parts()
+    first = timing.first_token_s if timing is not None else None
+    if first is None and m is not None:
+        first = m.time_to_first_token_s
     if m is not None:
         if m.new_tokens:
             parts.append(f"{m.new_tokens:,} tokens")
         if m.decode_tokens_per_s:
             parts.append(f"{m.decode_tokens_per_s:.1f} tok/s")
-        if m.time_to_first_token_s is not None:
-            parts.append(f"first token {fmt_seconds(m.time_to_first_token_s)}")
+        if first is not None:
+            parts.append(f"first token {fmt_seconds(first)}")
         if m.mean_accepted_per_verify:
             parts.append(f"{m.mean_accepted_per_verify:.2f} accepted/verify")
         parts.append(m.mode)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ class ChatController:
         self._ingests: dict[int, Ingest] = {}  # ingest job -> what it read, for which chat
         self._queued_paths: list[str] = []  # dropped while another ingest runs
         self._answer: AnswerRecorder | None = None  # the streaming answer (its chat may not be shown)
+        self._read_s: dict[int, float] = {}  # ingest job -> how long its prefill has read so far
+        self._fresh_read: tuple[int, float] | None = None  # (chat, seconds) a new document took, for the next answer
         self.closing = False
 
     # ----------------------------------------------------------------------------- user actions
@@ -271,6 +274,10 @@ class ChatController:
             self.jobs.progress_shown = job
             self.view.show_progress(None if shown else "Reading the conversation", ev)
             self.view.show_prefill(ev)  # the cache bars fill as the prompt is read
+            if kind is JobKind.INGEST:
+                self._read_s[job] = ev.elapsed_s
+            elif kind is JobKind.STREAM and self._answer is not None:
+                self._answer.timing.prompt_tokens_read, self._answer.timing.prompt_read_s = ev.done, ev.elapsed_s
             if ev.done >= ev.total and kind is JobKind.STREAM:
                 self.view.hide_progress()
         elif isinstance(ev, ReadProgress):
@@ -285,6 +292,8 @@ class ChatController:
         elif isinstance(ev, PassagesUsed):
             if kind is JobKind.STREAM and self._answer is not None:
                 self._answer.passages = ev.passages  # kept with the answer, listed under it
+                self._answer.timing.passages_at = time.monotonic()
+                self._answer.timing.passage_count = len(ev.passages)
         elif isinstance(ev, Finished):
             if ev.metrics is not None:
                 self.view.show_metrics(ev.metrics)
@@ -334,6 +343,7 @@ class ChatController:
             self._on_outcome(job, kind, failed("The answer ended unexpectedly."))
         if kind is JobKind.INGEST:
             self._ingests.pop(job, None)  # e.g. every file failed to read: nothing to prefill
+            self._read_s.pop(job, None)
             if self._queued_paths:
                 paths, self._queued_paths = self._queued_paths, []
                 self.attach_files(paths)
@@ -359,14 +369,16 @@ class ChatController:
             return
         self._answer, self.jobs.stream = None, 0
         text = ev.text or answer.text
-        state, footer = "done", answer_footer(ev)
+        if self._fresh_read is not None and self._fresh_read[0] == answer.chat_id:
+            answer.timing.document_read_s, self._fresh_read = self._fresh_read[1], None
+        state, footer = "done", answer_footer(ev, answer.timing)
         stats: dict[str, Any] = {"reason": ev.reason.value}
         if ev.reason == FinishReason.ERROR:
             state, footer = "interrupted", "stopped by an error"
             stats.update(partial=True, error=ev.message)
         elif ev.reason == FinishReason.CANCELLED:
             state = "stopped"
-            footer = answer_footer(ev) if text.strip() else STOPPED_EMPTY
+            footer = answer_footer(ev, answer.timing) if text.strip() else STOPPED_EMPTY
             stats["partial"] = True
         stats["footer"] = footer
         answer.finish(text, state, stats)
@@ -383,6 +395,7 @@ class ChatController:
 
     def _finish_prefill(self, job: int, ev: Finished, quiet: bool = False) -> None:
         ingest = self._ingests.pop(job, None)
+        read_s = self._read_s.pop(job, None)
         docs = ingest.documents if ingest is not None and ingest.chat_id == self.chat_id else []
         if ev.reason in (FinishReason.CANCELLED, FinishReason.ERROR):
             titles = self._drop_unsaved(docs)
@@ -396,6 +409,8 @@ class ChatController:
             for a in docs:
                 self.documents.save(a, chat_id, self.model_id)
             self.view.clear_banners(ingest.paths)  # "was not added", "stopped reading": no longer so
+            if read_s is not None:  # the next answer's footer says how long the reading took
+                self._fresh_read = (chat_id, read_s)
             self.refresh_chats()
         self.update_context()
         self.view.emit("prefillFinished", ev)
@@ -448,9 +463,15 @@ class ChatController:
         self._answer.add(batch)
 
     def _ensure_chat(self, first_text: str) -> int:
+        """The chat on screen, created in the store if new: named after its first document (one
+        attached or still being read), else after `first_text`."""
         if self.chat_id is None:
-            title = chat_title(first_text)
+            reading = [i for i in self._ingests.values() if i.chat_id is None]
+            names = [a.document.title for a in self.documents] + [Path(p).stem for i in reading for p in i.paths]
+            title = chat_title(names[0] if names else first_text)
             self.chat_id = self.repo.create_chat(title, self.model.spec if self.model else "", self.chat_settings())
+            for ingest in reading:  # what this new chat is still reading belongs to it
+                ingest.chat_id = self.chat_id
             self.view.show_chat(self.chat_id, title, None, None)
             self.refresh_chats()
         return self.chat_id

@@ -174,3 +174,44 @@ def test_a_model_load_error_goes_once_a_model_loads(qtbot, make_window):
     with qtbot.waitSignal(window.modelReady, timeout=10_000):
         window.load_model("fake-model")
     assert _banners(window) == ["Something unrelated went wrong"]
+
+
+def _seconds(footer: str, label: str) -> float:
+    import re
+    m = re.search(rf"{label} (\d+(?:\.\d+)?) (ms|s)\b", footer)
+    assert m, f"no “{label} …” in {footer!r}"
+    return float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+
+
+def test_the_first_token_time_counts_the_reading_of_a_fresh_document(qtbot, make_window, tmp_path):
+    window = make_window("fake-model", backend=FakeBackend(prefill_step_s=0.05, tokens=6))
+    doc = tmp_path / "play.md"
+    doc.write_text("word " * 4000, encoding="utf-8")  # 5,000 tokens: 20 reading steps of 0.05 s
+    with qtbot.waitSignal(window.answerFinished, timeout=20_000):
+        window.attach_file(str(doc))
+        qtbot.waitUntil(lambda: len(window.chips.chips) == 1)  # read and counted: now being prefilled
+        window.send("What is it about?")  # asked while the document is still being read
+    assert window.title_label.text() == "play"  # the chat is named after its document, not the question
+    footer = window.chat_view._chat_widgets()[-1].message.footer
+    read, first = _seconds(footer, "read"), _seconds(footer, "first token")
+    assert read >= 1.0  # the document's reading, as the engine timed it
+    assert first > read  # from the question: the reading it waited for is in it (the engine alone says 0.42 s)
+    assert footer.index("read") < footer.index("first token")
+    stored = window.repo.messages(window.chat_id)[-1]
+    assert stored.stats["footer"] == footer  # the same footer on reopen
+    # the next answer has nothing fresh to read: no reading time, and its own first token
+    with qtbot.waitSignal(window.answerFinished, timeout=20_000):
+        window.send("And then?")
+    import re
+    again = window.chat_view._chat_widgets()[-1].message.footer
+    assert not re.match(r"read [\d.]+ m?s ·", again)  # the fake engine reads the prompt again, so "read N tokens in"
+    assert "read " in footer and again.count("read ") == 1
+
+
+def test_an_answer_from_passages_says_where_its_time_went(qtbot, make_window):
+    window = make_window("fake-model", backend=FakeBackend(prefill_step_s=0.02, tokens=4))
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000):
+        window.send("What happens when the Queen drinks?")
+        window.engine.engineEvent.emit(window.controller.jobs.stream, _used())
+    footer = window.chat_view._chat_widgets()[-1].message.footer
+    assert "chose 2 passages in " in footer and "first token " in footer
