@@ -383,6 +383,8 @@ class ChatController:
         stats["footer"] = footer
         answer.finish(text, state, stats)
         self.view.set_generating(False)
+        if not text.strip():  # nothing came (stopped or failed before the first token): no numbers to keep
+            self.view.reset_live()
         if answer.chat_id == self.chat_id:
             self.messages.append(ChatMessage("assistant", text))
             self.view.end_answer(text, footer, retry=state == "interrupted")
@@ -399,6 +401,7 @@ class ChatController:
         docs = ingest.documents if ingest is not None and ingest.chat_id == self.chat_id else []
         if ev.reason in (FinishReason.CANCELLED, FinishReason.ERROR):
             titles = self._drop_unsaved(docs)
+            self.view.reset_live()  # the read did not finish: its half-filled bars mean nothing now
             paths = ingest.paths if ingest is not None else ()
             if ev.reason == FinishReason.CANCELLED and titles:
                 self.view.show_notice(f"Stopped reading {titles}; not added to the chat.", about=paths)

@@ -271,6 +271,8 @@ class MainWindow(QMainWindow):
         if stored is None:
             return
         self.chat_view.show_stored(stored, retry_index)
+        if hasattr(self, "passages"):  # another chat: its own meter, not the last one's passage sizes
+            self.passages.forget()
 
     def set_chats(self, chats: Any, current: int | None) -> None:
         self.chat_list.set_chats([ChatEntry(c.id, c.title, _chat_subtitle(c)) for c in chats], current)
@@ -323,6 +325,8 @@ class MainWindow(QMainWindow):
 
     def set_context_text(self, text: str) -> None:
         self.context_label.setText(text)
+        if hasattr(self, "passages"):  # documents, messages or the model changed: so did the meter
+            self.passages.refresh()
 
     def show_error(self, message: str, details: str = "", about: Any = ()) -> None:
         """User errors and bugs alike appear in the chat; the app keeps working. `about`: what the

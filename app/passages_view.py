@@ -85,6 +85,12 @@ class PassagesPresenter(QObject):
         self.window.engine.fit_as_passages(paths)
         self.window.attach_files(list(paths))
 
+    def forget(self) -> None:
+        """Another chat is shown: no passage sizes or pending passages of the last one."""
+        self.pending = self.last = None
+        self.passage_tokens = {}
+        self.refresh()
+
     def refresh(self) -> None:
         """Recompute the meter from what the next prompt would hold."""
         w = self.window

@@ -215,3 +215,48 @@ def test_an_answer_from_passages_says_where_its_time_went(qtbot, make_window):
         window.engine.engineEvent.emit(window.controller.jobs.stream, _used())
     footer = window.chat_view._chat_widgets()[-1].message.footer
     assert "chose 2 passages in " in footer and "first token " in footer
+
+
+def _live_numbers(window) -> dict[str, str]:
+    return {name: label.text() for name, label in window.acceptance_panel.stats.items()}
+
+
+def test_the_live_panel_clears_after_a_cancelled_read_and_an_early_stop(qtbot, make_window, tmp_path):
+    window = make_window("fake-model", backend=FakeBackend(prefill_step_s=0.05, tokens=6))
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000):
+        window.send("Hello?")
+    assert _live_numbers(window)["decode"] == "38.5"  # the answer's numbers
+    doc = tmp_path / "notes.md"
+    doc.write_text("word " * 4000, encoding="utf-8")
+    with qtbot.waitSignal(window.prefillFinished, timeout=10_000) as read:
+        window.attach_file(str(doc))
+        qtbot.waitUntil(lambda: window.cache_panel.full.fraction() > 0)  # the bar fills as it reads
+        window.stop()
+    assert read.args[0].reason == FinishReason.CANCELLED
+    assert set(_live_numbers(window).values()) == {"–"} and window.cache_panel.full.fraction() == 0
+
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000):
+        window.send("Hello again?")
+    assert _live_numbers(window)["decode"] == "38.5"
+    window.attach_file(str(doc))  # prefilled by the next question's own reading
+    qtbot.waitUntil(lambda: len(window.chips.chips) == 1, timeout=10_000)
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000) as stopped:
+        window.send("Slowly?")
+        window.stop()  # Esc before the first token
+    assert stopped.args[0].reason == FinishReason.CANCELLED
+    assert window.chat_view._chat_widgets()[-1].message.text == ""
+    assert set(_live_numbers(window).values()) == {"–"}
+
+
+def test_a_new_chat_shows_its_own_empty_meter(qtbot, make_window, tmp_path):
+    window = make_window("fake-model", backend=FakeBackend())
+    doc = tmp_path / "notes.md"
+    doc.write_text("word " * 4000, encoding="utf-8")  # 5,000 tokens
+    with qtbot.waitSignal(window.prefillFinished, timeout=10_000):
+        window.attach_file(str(doc))
+    meter = window.context_meter
+    qtbot.waitUntil(lambda: meter.budget is not None and meter.budget.used > 5000)
+    window.new_action.trigger()  # File > New chat (Ctrl+N)
+    assert window.chips.chips == []
+    assert meter.budget is not None and meter.budget.used < 1000, meter.text()
+    assert not any(p.kind == "document" for p in meter.budget.parts)
