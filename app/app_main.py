@@ -13,9 +13,11 @@ from app import theme
 from app.icons import app_icon
 from app.quit_signals import close_on_signals
 from app.startup_probe import install as install_startup_probe
+from app.startup_probe import mark as mark_startup
 from engine.errors import UserError
 
 ORG, APP = "TriForceChat", "TriForce Chat"
+QUIT_WAIT_MS = 300  # closing waits this long for the engine's step in flight, then exits without it
 
 
 def app_settings() -> QSettings:
@@ -28,6 +30,8 @@ def run_app(argv: list[str] | None = None) -> int:
     """Start the desktop app. The model comes from $TRIFORCE_MODEL (default: the last one used,
     else the bundled one); files named on the command line are attached to a new chat."""
     from app.main_window import MainWindow  # (main_window imports this module)
+
+    mark_startup("imported")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv if argv is None else argv)
@@ -44,13 +48,22 @@ def run_app(argv: list[str] | None = None) -> int:
     except UserError as exc:  # e.g. the chat store cannot be opened
         QMessageBox.critical(None, "TriForce Chat", str(exc))
         return 2
+    mark_startup("built the window")
     install_startup_probe(window)
     window.show()
     close_on_signals(window)  # Ctrl+C / SIGTERM: the answer being written is kept, marked interrupted
+    window.quit_wait_ms = QUIT_WAIT_MS
     for path in argv[1:]:
         if Path(path).is_file():
             window.attach_file(path)
-    return app.exec()
+    code = app.exec()
+    window.shutdown()  # (done already when the window closed) the answer in flight is saved, the store closed
+    # Nothing is left to save: skip tearing down torch, Qt and an engine thread still inside a step
+    # that cannot stop (loading weights), which took seconds.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from app.job_messages import ModelInfo, TokenBatch
 from app.overflow import Overflow
 from app.overflow_dialog import show_overflow_dialog
 from app.passages_view import PassagesPresenter
+from app.startup import AfterFirstPaint, import_in_background
 from app.settings_panel import DEFAULT_DOCUMENT_MIB, DEFAULT_SNAPSHOT_GIB, settings_from_dict
 from app.window_layout import build_window_layout
 from app.window_menus import build_menus, show_about
@@ -67,16 +68,25 @@ class MainWindow(QMainWindow):
         self.documents = ChatDocuments(self.repo, self.chips)
         self.controller = ChatController(self, self.engine, self.repo, self.documents, self.prefs)
         self._overflow_box: QMessageBox | None = None
+        self.quit_wait_ms = 30_000  # how long closing waits for the engine's step in flight (run_app: less)
         self._restore_geometry()
         self._wire()
         self.passages = PassagesPresenter(self)  # lists an answer's passages; the header's context meter
         self.controller.refresh_chats()
         self.controller.open_interrupted()
         self.memory.start(enabled=sample_memory)
-        if model_spec:
-            self.load_model(model_spec, draft_spec)
+        if model_spec:  # said at once; the load itself starts once the window is on screen
+            self.set_status(f"Starting… the model ({model_spec}) loads once the window is up")
+            self.show_load(None)
         else:
             self.set_status("No model loaded — choose one with Model…")
+        self._after_paint = AfterFirstPaint(self, lambda: self._on_first_paint(model_spec, draft_spec))
+
+    def _on_first_paint(self, model_spec: str | None, draft_spec: str) -> None:
+        """The window is up: load the model (engine thread) and the plot's library (a daemon thread)."""
+        if model_spec and not self.controller.closing:
+            self.load_model(model_spec, draft_spec)
+        import_in_background("pyqtgraph", self.acceptance_panel.build_plot, self)
 
     # ----------------------------------------------------------------------------- state (the controller's)
 
@@ -412,8 +422,8 @@ class MainWindow(QMainWindow):
         self.settings_panel.flush()
         self.prefs.setValue("window/geometry", self.saveGeometry())
         self.prefs.setValue("window/splitter", self.splitter.saveState())
-        self.engine.shutdown()
-        self.memory.stop()
+        self.engine.shutdown(self.quit_wait_ms)
+        self.memory.stop(min(self.quit_wait_ms // 3, 5000))
         self.prefs.sync()
         self.repo.close()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,13 @@ from typing import Any
 
 PROBE_ENV = "TRIFORCE_STARTUP_PROBE"  # the launch time (time.time()) when set; "<time>:loading" quits while loading
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def mark(what: str) -> None:
+    """In the app: print how long after launch `what` happened (only under `startup-time`)."""
+    value = os.environ.get(PROBE_ENV)
+    if value:
+        print(f"{what} at {time.time() - float(value.partition(':')[0]):.2f} s", flush=True)
 
 
 def install(window: Any) -> None:
@@ -65,6 +71,8 @@ def measure(argv: list[str]) -> int:
                         help="close the window 0.2 s after it paints, while the model still loads")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     args = parser.parse_args(argv)
+    import subprocess
+
     env = dict(os.environ)
     start = time.time()
     env[PROBE_ENV] = f"{start:.4f}" + (":loading" if args.quit_while_loading else "")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import platform
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +69,8 @@ def versions() -> dict[str, str]:
 
 
 def app_version() -> str:
+    from importlib import metadata  # here, not at start-up: a tenth of a second on a busy machine
+
     try:
         return metadata.version("triforce-chat")
     except metadata.PackageNotFoundError:  # run from a checkout: read pyproject.toml
@@ -82,6 +83,8 @@ def app_version() -> str:
 
 
 def _dist_version(name: str) -> str:
+    from importlib import metadata
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

@@ -439,12 +439,15 @@ class EngineController(QObject):
     def session(self) -> Any:
         return self.worker.session()
 
-    def shutdown(self, timeout_ms: int = 30000) -> None:
-        """Stop whatever runs, then quit() and wait() for the engine thread."""
+    def shutdown(self, timeout_ms: int = 30000) -> bool:
+        """Stop whatever runs, then quit() and wait() for the engine thread; False if it is still
+        inside a step that cannot stop (e.g. loading weights) after `timeout_ms`."""
         if not self.thread.isRunning():
-            return
+            return True
         self.worker.cancel()
         self.worker.cancel_load()
         self.thread.quit()
         if not self.thread.wait(timeout_ms):
             log.warning("engine thread did not stop within %d ms", timeout_ms)
+            return False
+        return True

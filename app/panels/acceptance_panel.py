@@ -1,7 +1,8 @@
 """Per-level acceptance (L0->L1, L1->L2) with a live plot over the answer, and speed numbers."""
 from __future__ import annotations
 
-import pyqtgraph as pg
+from typing import Any
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
@@ -22,20 +23,16 @@ class AcceptancePanel(Card):
         self.bars = {name: LabelledBar(label, level) for name, label, level in LEVELS}
         for bar in self.bars.values():
             self.body.addWidget(bar)
-        self.plot = pg.PlotWidget()
-        self.plot.setMinimumHeight(100)
-        self.plot.setMaximumHeight(125)
-        self.plot.setMenuEnabled(False)
-        self.plot.setMouseEnabled(x=False, y=False)
-        self.plot.hideButtons()
-        self.plot.setYRange(0, 1.0, padding=0.12)  # room for the 0 and 100% labels at the ends
-        self.plot.setXRange(0, MIN_X_TOKENS, padding=0)  # whole tokens, even before the first point
-        self.plot.getViewBox().disableAutoRange()
-        self.plot.getPlotItem().setContentsMargins(0, 4, 4, 0)
-        self.plot.showGrid(x=False, y=True, alpha=0.15)
-        self.plot.setLabel("bottom", "answer tokens")
-        self.curves = {name: self.plot.plot([], []) for name, _l, _v in LEVELS}
-        self.body.addWidget(self.plot)
+        # the plot (pyqtgraph: a second or more to import) is built after the window is up: its slot
+        # keeps the room meanwhile, and the points so far are drawn when it comes
+        self._plot_slot = QWidget()
+        self._plot_slot.setMinimumHeight(100)
+        self._plot_slot.setMaximumHeight(125)
+        QVBoxLayout(self._plot_slot).setContentsMargins(0, 0, 0, 0)
+        self.body.addWidget(self._plot_slot)
+        self._plot: Any = None
+        self.curves: dict[str, Any] = {}
+        self._colors = colors()
         grid = QGridLayout()
         grid.setHorizontalSpacing(8)
         grid.setVerticalSpacing(8)
@@ -70,10 +67,50 @@ class AcceptancePanel(Card):
         self.body.addWidget(self.summary)
         self._points: dict[str, tuple[list[float], list[float]]] = {}
         self._last: dict[str, tuple[int, int]] = {}
-        self.set_colors(colors())
         self.start_answer()
 
+    @property
+    def plot(self) -> Any:
+        """The acceptance plot (a pyqtgraph PlotWidget), built now if it was not yet."""
+        if self._plot is None:
+            self.build_plot()
+        return self._plot
+
+    def build_plot(self) -> None:
+        """Build the plot and draw the points so far (the window calls this once it is painted)."""
+        if self._plot is not None:
+            return
+        import pyqtgraph as pg
+
+        plot = self._plot = pg.PlotWidget()
+        plot.setMenuEnabled(False)
+        plot.setMouseEnabled(x=False, y=False)
+        plot.hideButtons()
+        plot.setYRange(0, 1.0, padding=0.12)  # room for the 0 and 100% labels at the ends
+        plot.getViewBox().disableAutoRange()
+        plot.getPlotItem().setContentsMargins(0, 4, 4, 0)
+        plot.showGrid(x=False, y=True, alpha=0.15)
+        plot.setLabel("bottom", "answer tokens")
+        self.curves = {name: plot.plot([], []) for name, _l, _v in LEVELS}
+        self._plot_slot.layout().addWidget(plot)
+        self.set_colors(self._colors)
+        self._draw_points()
+
+    def _draw_points(self) -> None:
+        if self._plot is None:
+            return
+        right = MIN_X_TOKENS
+        for name, (xs, ys) in self._points.items():
+            self.curves[name].setData(xs, ys)
+            right = max(right, xs[-1] if xs else 0)
+        self._plot.setXRange(0, right, padding=0.02 if right > MIN_X_TOKENS else 0)  # whole tokens from the start
+
     def set_colors(self, c: Colors) -> None:
+        self._colors = c
+        if self._plot is None:
+            return
+        import pyqtgraph as pg
+
         self.plot.setBackground(c.base)
         for axis in ("left", "bottom"):
             ax = self.plot.getAxis(axis)
@@ -91,9 +128,7 @@ class AcceptancePanel(Card):
         """Forget the previous answer's course (the bars keep the last totals until new numbers come)."""
         self._points = {name: ([], []) for name, _l, _v in LEVELS}
         self._last = {name: (0, 0) for name, _l, _v in LEVELS}
-        for curve in self.curves.values():
-            curve.setData([], [])
-        self.plot.setXRange(0, MIN_X_TOKENS, padding=0)
+        self._draw_points()
 
     def reset(self) -> None:
         """No numbers at all: a new chat, another chat, or a new model."""
@@ -120,8 +155,9 @@ class AcceptancePanel(Card):
                 xs, ys = self._points[name]
                 xs.append(float(m.new_tokens))
                 ys.append((stats.accepted - prev_a) / (stats.proposed - prev_p))
-                self.curves[name].setData(xs, ys)
-                self.plot.setXRange(0, max(MIN_X_TOKENS, xs[-1]), padding=0.02)
+                if self._plot is not None:
+                    self.curves[name].setData(xs, ys)
+                    self._plot.setXRange(0, max(MIN_X_TOKENS, xs[-1]), padding=0.02)
             self._last[name] = (stats.proposed, stats.accepted)
         s = self.stats
         s["decode"].setText("–" if m.decode_tokens_per_s is None else f"{m.decode_tokens_per_s:.1f}")

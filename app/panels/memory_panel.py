@@ -92,12 +92,12 @@ class MemoryPanel(Card):
         self._thread.start()
         self._startRequested.emit()
 
-    def stop(self) -> None:
+    def stop(self, wait_ms: int = 5000) -> None:
         if self._thread is None:
             return
         self._stopRequested.emit()
         self._thread.quit()
-        self._thread.wait(5000)
+        self._thread.wait(wait_ms)
         self._thread = None
 
     def update_sample(self, s: Any) -> None:
