@@ -58,7 +58,7 @@ class ChatController:
     def load_model(self, spec: str, draft: str = "ngram") -> None:
         """Load `spec` off the GUI thread; the current model answers until the new weights load."""
         self.jobs.start(self.engine.load(spec, draft), JobKind.LOAD)
-        self.view.set_status(f"Loading {spec}…")
+        self.view.show_load_stage(f"loading {spec}")
         self.view.show_load(None)
 
     def new_chat(self) -> None:
@@ -220,7 +220,7 @@ class ChatController:
 
     def on_model_loading(self, p: LoadProgress) -> None:
         if not self.closing and p.job == self.jobs.load:
-            self.view.set_status(p.stage)
+            self.view.show_load_stage(p.stage)
             self.view.show_load(None if p.fraction is None else max(0.0, min(1.0, p.fraction)))
 
     def on_model_unloaded(self, job: int) -> None:

@@ -29,7 +29,7 @@ from app.job_messages import ModelInfo, TokenBatch
 from app.overflow import Overflow
 from app.overflow_dialog import show_overflow_dialog
 from app.passages_view import PassagesPresenter
-from app.startup import AfterFirstPaint, import_in_background
+from app.startup import AfterFirstPaint, LoadClock, import_in_background
 from app.settings_panel import DEFAULT_DOCUMENT_MIB, DEFAULT_SNAPSHOT_GIB, settings_from_dict
 from app.window_layout import build_window_layout
 from app.window_menus import build_menus, show_about
@@ -68,6 +68,7 @@ class MainWindow(QMainWindow):
         self.documents = ChatDocuments(self.repo, self.chips)
         self.controller = ChatController(self, self.engine, self.repo, self.documents, self.prefs)
         self._overflow_box: QMessageBox | None = None
+        self.load_clock = LoadClock(self.status_label.setText, self)
         self.quit_wait_ms = 30_000  # how long closing waits for the engine's step in flight (run_app: less)
         self._restore_geometry()
         self._wire()
@@ -246,7 +247,11 @@ class MainWindow(QMainWindow):
     # ----------------------------------------------------------------------------- WindowView
 
     def set_status(self, text: str) -> None:
+        self.load_clock.stop()
         self.status_label.setText(text)
+
+    def show_load_stage(self, stage: str) -> None:
+        self.load_clock.stage(stage)  # the stage, and how long the load has taken so far
 
     def show_load(self, fraction: float | None) -> None:
         if fraction is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 from PySide6.QtCore import QEvent, QObject, QTimer, Signal
@@ -33,6 +34,47 @@ class AfterFirstPaint(QObject):
         if not self.started:
             self.started = True
             self._start()
+
+
+def load_status(stage: str, elapsed_s: float) -> str:
+    """The status line while a model loads: what it does, for how long so far, and on a model's
+    first use (a download or a conversion) that this happens once."""
+    text = stage[:1].upper() + stage[1:]
+    if any(word in stage.lower() for word in ("download", "convert", "hashing")):
+        text = f"First use of this model — {stage} (once: later starts skip this)"
+    return f"{text} · {elapsed_s:.0f} s so far"
+
+
+class LoadClock(QObject):
+    """Keeps the status line's "N s so far" ticking while a model loads (a stage can take minutes)."""
+
+    def __init__(self, show: Callable[[str], None], parent: QObject) -> None:
+        super().__init__(parent)
+        self._show = show
+        self._stage = ""
+        self._started: float | None = None
+        self._timer = QTimer(self, interval=1000)
+        self._timer.timeout.connect(self._tick)
+
+    def stage(self, text: str) -> None:
+        """A new stage (the controller's status while the load bar shows)."""
+        if self._started is None:
+            self._started = time.monotonic()
+            self._timer.start()
+        self._stage = text
+        self._tick()
+
+    def stop(self) -> None:
+        self._timer.stop()
+        self._started = None
+
+    @property
+    def running(self) -> bool:
+        return self._started is not None
+
+    def _tick(self) -> None:
+        if self._started is not None:
+            self._show(load_status(self._stage, time.monotonic() - self._started))
 
 
 class _Imported(QObject):

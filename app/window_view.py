@@ -14,6 +14,7 @@ class WindowView(Protocol):
     """What the controller asks of the window (all on the GUI thread)."""
 
     def set_status(self, text: str) -> None: ...
+    def show_load_stage(self, stage: str) -> None: ...  # noqa: E704 - what a model load does now, timed
     def show_load(self, fraction: float | None) -> None: ...  # noqa: E704
     def hide_load(self) -> None: ...  # noqa: E704
     def show_model(self, info: ModelInfo | None, settings: DecodeSettings | None) -> None: ...  # noqa: E704

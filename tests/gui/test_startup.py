@@ -102,3 +102,13 @@ def test_the_startup_time_command_reports_paint_and_quit(triforce_home):
     assert re.search(r"^painted at \d+\.\d\d s$", out, re.M), out
     assert re.search(r"^quit in \d+\.\d\d s \(exit code 0\)$", out, re.M), out
     assert "model ready" not in out  # it quit while the model was still loading
+
+
+def test_a_first_load_says_what_it_does_and_for_how_long(qtbot, make_window):
+    window = make_window("fake-model", backend=FakeBackend(load_s=2.0), wait=False)
+    qtbot.waitUntil(lambda: "Downloading fake-model" in window.status_label.text(), timeout=10_000)
+    status = window.status_label.text()
+    assert status.startswith("First use of this model — Downloading fake-model") and "once" in status
+    assert re.search(r" · \d+ s so far$", status)
+    qtbot.waitUntil(lambda: window.model is not None, timeout=20_000)
+    assert "so far" not in window.status_label.text() and window.status_label.text().startswith("FakeLM-1M")
