@@ -5,6 +5,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication, QMessageBox
@@ -26,6 +27,18 @@ def app_settings() -> QSettings:
     return QSettings(str(app_home() / "app-settings.ini"), QSettings.Format.IniFormat)
 
 
+def configure_logging(stream: Any = None) -> logging.Handler:
+    """INFO and above to stderr. The level is on the handler, so a library that turns its own logger
+    to DEBUG when imported (bm25s does) still prints nothing below INFO."""
+    handler = logging.StreamHandler(stream)
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return handler
+
+
 def run_app(argv: list[str] | None = None) -> int:
     """Start the desktop app. The model comes from $TRIFORCE_MODEL (default: the last one used,
     else the bundled one); files named on the command line are attached to a new chat."""
@@ -33,7 +46,7 @@ def run_app(argv: list[str] | None = None) -> int:
 
     mark_startup("imported")
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     argv = list(sys.argv if argv is None else argv)
     QApplication.setApplicationName(APP)
     QApplication.setOrganizationName(ORG)

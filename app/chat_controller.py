@@ -176,10 +176,14 @@ class ChatController:
         self.refresh_chats()
 
     def export(self, chat_id: int, fmt: str, path: str) -> None:
+        """Write the chat to `path` and say so (or why not)."""
         try:
             Path(path).write_text(self.repo.export(chat_id, fmt), encoding="utf-8")
         except (OSError, UserError) as exc:
             self.view.show_error(f"Could not export: {exc}")
+            return
+        kind = "Markdown" if fmt == "markdown" else "JSON"
+        self.view.confirm(f"Exported “{self.repo.title(chat_id)}” as {kind} to {path}")
 
     def set_search(self, text: str) -> None:
         self.search = text

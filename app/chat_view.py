@@ -97,7 +97,12 @@ class ChatView(QScrollArea):
             w.render()
 
     def set_model_name(self, name: str) -> None:
-        self._model_name = name or "Assistant"
+        """Answers are headed with the model's name; those shown before it was known (a chat reopened
+        at start, before the model loaded) get it now."""
+        placeholder, self._model_name = self._model_name, name or "Assistant"
+        for w in self._widgets:
+            if w.message.role == "assistant" and w.header.text() in (placeholder, "Assistant"):
+                w.header.setText(self._model_name)
 
     def set_color_levels(self, on: bool) -> None:
         self._color_levels = on

@@ -38,6 +38,7 @@ from engine.events import ChatMessage, Metrics, PrefillProgress, ReadProgress
 from engine.settings import DecodeSettings, recommended_sampling
 
 log = logging.getLogger(__name__)
+CONFIRM_MS = 10_000  # how long a confirmation (exported to …) stays in the status bar
 
 class MainWindow(QMainWindow):
     """One chat window. `model_spec` loads at start (None: load nothing until the user picks)."""
@@ -356,6 +357,9 @@ class MainWindow(QMainWindow):
         w = self.chat_view.add_message("notice", message)
         w.message.about = tuple(about)
         w.header.setText("Note")
+
+    def confirm(self, message: str) -> None:
+        self.statusBar().showMessage(message, CONFIRM_MS)
 
     def clear_banners(self, about: Any) -> None:
         self.chat_view.clear_banners(about)

@@ -10,9 +10,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from PySide6.QtCore import QObject, Qt, Signal
-from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFrame, QLabel, QTextBrowser, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFrame, QLabel, QTextBrowser, QVBoxLayout, QWidget
 
 from app.context_meter import context_budget
+from app.elided import ElidedToolButton
+from app.message_widget import render_markdown
+from app.theme import colors
 from app.passages_fit import PASSAGES, CitedPassage, PassagesUsed, fit_of
 
 
@@ -35,9 +38,9 @@ class PassagesList(QFrame):
         head.setObjectName("muted")
         head.setWordWrap(True)
         lay.addWidget(head)
-        self.links: list[QToolButton] = []
+        self.links: list[ElidedToolButton] = []
         for passage in self.passages:
-            link = QToolButton(text=f"{passage.label} — {passage.first_words}")
+            link = ElidedToolButton(f"{passage.label} — {passage.first_words}")  # cut with "…" to fit
             link.setAutoRaise(True)
             link.setCursor(Qt.CursorShape.PointingHandCursor)
             link.setToolTip(passage.text[:400])
@@ -46,13 +49,19 @@ class PassagesList(QFrame):
             self.links.append(link)
 
 
+def passage_markdown(passage: CitedPassage) -> str:
+    """The passage as Markdown under a heading with its document and place (its own Markdown kept)."""
+    return f"## {passage.document} — {passage.label}\n\n{passage.text}"
+
+
 def show_passage(parent: QWidget, passage: CitedPassage) -> QDialog:
     """A non-modal dialog with the passage's text, titled with its document and place."""
     dialog = QDialog(parent)
     dialog.setWindowTitle(f"{passage.document} — {passage.label}")
     lay = QVBoxLayout(dialog)
     body = QTextBrowser()
-    body.setPlainText(passage.text)
+    body.setOpenExternalLinks(False)
+    render_markdown(body.document(), passage_markdown(passage), colors())
     lay.addWidget(body)
     buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
     buttons.rejected.connect(dialog.close)

@@ -154,6 +154,12 @@ def stylesheet(c: Colors) -> str:
         margin: -6px 0; border-radius: 7px; }}
     QSlider::handle:horizontal:disabled {{ border-color: {c.border}; }}
     QSlider::sub-page:horizontal:disabled {{ background: {c.border}; }}
+    QScrollBar:vertical {{ background: transparent; width: 10px; margin: 2px 1px; }}
+    QScrollBar:horizontal {{ background: transparent; height: 10px; margin: 1px 2px; }}
+    QScrollBar::handle {{ background: {c.border}; border-radius: 4px; min-height: 24px; min-width: 24px; }}
+    QScrollBar::handle:hover {{ background: {c.muted}; }}
+    QScrollBar::add-line, QScrollBar::sub-line {{ width: 0; height: 0; }}
+    QScrollBar::add-page, QScrollBar::sub-page {{ background: none; }}
     QStatusBar {{ color: {c.muted}; }}
     QStatusBar QLabel {{ padding-left: 8px; color: {c.muted}; }}
     """

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QProgressBar, QPushB
 
 from app import theme
 from app.chat_list import ChatList
+from app.elided import ElidedLabel
 from app.chat_view import ChatView
 from app.composer import Composer
 from app.context_meter import ContextMeter
@@ -55,7 +56,7 @@ def build_window_layout(window: Any, initial: DecodeSettings) -> None:
     header.setObjectName("chatHeader")
     hl = QHBoxLayout(header)
     hl.setContentsMargins(20, 10, 14, 10)
-    window.title_label = QLabel("New chat")
+    window.title_label = ElidedLabel("New chat")  # a long title is cut, never widens the column
     window.title_label.setObjectName("chatTitle")
     hl.addWidget(window.title_label, 1)
     window.context_label = QLabel()

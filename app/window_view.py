@@ -37,6 +37,7 @@ class WindowView(Protocol):
     # about: what the banner is about (file paths, "model"); clear_banners removes it when that is resolved
     def show_error(self, message: str, details: str = "", about: Any = ()) -> None: ...  # noqa: E704
     def show_notice(self, message: str, about: Any = ()) -> None: ...  # noqa: E704
+    def confirm(self, message: str) -> None: ...  # noqa: E704 - a passing "done" (e.g. exported), not kept
     def clear_banners(self, about: Any) -> None: ...  # noqa: E704
     def show_overflow(self, overflow: Overflow) -> None: ...  # noqa: E704
     def decode_settings(self) -> DecodeSettings: ...  # noqa: E704

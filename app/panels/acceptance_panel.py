@@ -174,10 +174,11 @@ def summary_lines(m: Metrics) -> list[str]:
     """What the engine runs now: the settings, and under auto the structure it picked and the
     expected ms/token of every structure it weighed (fastest first; "~" where still a prior)."""
     lines = [f"engine: {m.settings_summary}"] if m.settings_summary else []
+    auto = m.mode == "auto"  # a fixed mode neither weighs structures nor switches between them
     if m.structure:
-        switched = f" (switched {m.structure_switches}×)" if m.structure_switches else ""
+        switched = f" (switched {m.structure_switches}×)" if m.structure_switches and auto else ""
         lines.append(f"running: {m.structure}{switched}")
-    if m.candidates:
+    if m.candidates and auto:
         ranked = sorted(m.candidates, key=lambda c: c.ms_per_token)
         lines.append("weighed: " + ", ".join(f"{c.structure} {'' if c.measured else '~'}{c.ms_per_token:.0f} ms"
                                              for c in ranked))

@@ -260,3 +260,125 @@ def test_a_new_chat_shows_its_own_empty_meter(qtbot, make_window, tmp_path):
     assert window.chips.chips == []
     assert meter.budget is not None and meter.budget.used < 1000, meter.text()
     assert not any(p.kind == "document" for p in meter.budget.parts)
+
+
+# --- the smaller things -------------------------------------------------------------------------------
+
+def test_a_long_passage_line_is_cut_with_an_ellipsis(qtbot):
+    from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+    from app.passages_view import PassagesList
+    long = CitedPassage("Hamlet", "Act 3, Scene 1", "To be, or not to be, that is the question: " * 4, "text")
+    holder = QWidget()
+    qtbot.addWidget(holder)
+    QVBoxLayout(holder).addWidget(listing := PassagesList([long, CITED[0]]))
+    holder.resize(320, 200)
+    holder.show()
+    qtbot.waitUntil(lambda: listing.links[0].width() > 0)
+    cut, whole = listing.links
+    assert cut.width() <= holder.width()  # the line does not widen the bubble
+    assert cut.shown_text().endswith("…") and cut.shown_text().startswith("Act 3, Scene 1 — To be")
+    assert cut.text() == f"Act 3, Scene 1 — {long.first_words}"  # the whole line stays the button's text
+
+
+def test_the_passage_viewer_renders_markdown_under_a_heading(qtbot):
+    from PySide6.QtWidgets import QTextBrowser, QWidget
+
+    from app.passages_view import show_passage
+    parent = QWidget()
+    qtbot.addWidget(parent)
+    passage = CitedPassage("Hamlet", "Act 5, Scene 2", "QUEEN.", "**QUEEN.** No, no, the drink, *the drink*!")
+    dialog = show_passage(parent, passage)
+    doc = dialog.findChild(QTextBrowser).document()
+    first = doc.begin()
+    assert first.text() == "Hamlet — Act 5, Scene 2" and first.blockFormat().headingLevel() == 2
+    text = doc.toPlainText()
+    assert "**" not in text and "QUEEN. No, no, the drink, the drink!" in text
+    body = first.next()
+    assert body.begin().fragment().charFormat().fontWeight() >= 600  # **QUEEN.** is bold
+    dialog.close()
+
+
+def test_answers_reopened_before_the_model_loads_are_labelled_with_the_model(qtbot, make_window, triforce_home):
+    store = ChatStore()  # the app's store under TRIFORCE_HOME
+    chat = store.create_chat("Cut off").id
+    store.add_message(chat, "user", "What does the ghost ask?")
+    store.add_message(chat, "assistant", "Revenge for his", state="interrupted")
+    store.close()
+    window = make_window("fake-model", backend=FakeBackend(), wait=False)
+    assert window.chat_id == chat  # opened at start, with Retry, before any model
+    qtbot.waitUntil(lambda: window.model is not None, timeout=10_000)
+    answer = window.chat_view._chat_widgets()[-1]
+    assert answer.message.role == "assistant" and answer.header.text() == "FakeLM-1M"
+
+
+def test_export_says_where_it_wrote(qtbot, make_window, tmp_path):
+    window = make_window("fake-model", backend=FakeBackend(tokens=3))
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000):
+        window.send("Hi there")
+    target = tmp_path / "chat.md"
+    window.controller.export(window.chat_id, "markdown", str(target))
+    assert target.read_text(encoding="utf-8").startswith("# Hi there")
+    assert window.statusBar().currentMessage() == f"Exported “Hi there” as Markdown to {target}"
+
+
+def test_a_long_chat_title_does_not_narrow_the_chat_list(qtbot, make_window):
+    window = make_window("fake-model", backend=FakeBackend(tokens=3))
+    qtbot.waitUntil(lambda: window.chat_list.width() > 0)
+    before = window.splitter.sizes()
+    title = "A very long question about the play " * 12
+    with qtbot.waitSignal(window.answerFinished, timeout=10_000):
+        window.send(title)
+    window.controller.rename(window.chat_id, title.strip())
+    window.title_label.setText(title.strip())
+    qtbot.wait(50)  # let the layout settle (nothing is timed)
+    assert window.splitter.sizes() == before
+    assert window.title_label.shown_text().endswith("…")
+
+
+def test_a_fixed_mode_shows_no_weighing_or_switching():
+    import dataclasses
+
+    from app.panels.acceptance_panel import summary_lines
+    from engine.events import CandidateCost
+    from tests.gui.fakes import FakeFolder, FakeModel, FakeSession
+    from engine.settings import DecodeSettings
+    base = FakeSession(FakeModel(FakeFolder()), DecodeSettings())._metrics(10)
+    candidate = CandidateCost("triforce g1=2 g2=6", 41.0)
+    auto = dataclasses.replace(base, mode="auto", structure="triforce g1=2 g2=6", structure_switches=1,
+                               candidates=(candidate,))
+    fixed = dataclasses.replace(auto, mode="triforce")
+    assert any(line.startswith("weighed: ") for line in summary_lines(auto)) and "switched 1×" in "".join(
+        summary_lines(auto))
+    lines = summary_lines(fixed)
+    assert not any("weighed" in line or "switched" in line for line in lines)
+    assert "running: triforce g1=2 g2=6" in lines
+
+
+def test_a_library_debug_line_never_reaches_stderr():
+    import io
+    import logging
+
+    from app.app_main import configure_logging
+    stream = io.StringIO()
+    handler = configure_logging(stream)
+    try:
+        import bm25s  # noqa: F401 - turns its own logger to DEBUG when imported
+        logging.getLogger("bm25s").debug("Building index from tokens")
+        logging.getLogger("bm25s").warning("a real warning")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert "DEBUG" not in stream.getvalue() and "a real warning" in stream.getvalue()
+
+
+def test_the_composer_scrollbar_handle_is_not_black(qtbot, make_window):
+    from PySide6.QtGui import QColor
+    window = make_window(None)
+    edit = window.composer.edit
+    edit.setPlainText("\n".join(f"line {i}" for i in range(60)))
+    bar = edit.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.isVisible() and bar.maximum() > 0)
+    image = bar.grab().toImage()
+    pixels = [QColor.fromRgba(image.pixel(x, y)) for x in range(image.width()) for y in range(image.height())]
+    dark = sum(p.alpha() > 200 and p.lightness() < 60 for p in pixels)
+    assert dark < image.width() * image.height() * 0.02  # before: a solid black handle
