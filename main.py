@@ -2,6 +2,7 @@
 
     python3 main.py               start the desktop app
     python3 main.py test [args]   run the test suite (pytest + the import-linter contract)
+    python3 main.py startup-time  time the window's first paint, the model's arrival and quitting
     python3 main.py <command>     chat, bench, plan, models, ... (see --help)
 
 The top half is stdlib-only: run with any Python >= 3.11, it creates `.venv` next to this file,

@@ -33,6 +33,7 @@ class AfterFirstPaint(QObject):
     def _run(self) -> None:
         if not self.started:
             self.started = True
+            self.parent().removeEventFilter(self)  # every later paint goes by without Python
             self._start()
 
 
