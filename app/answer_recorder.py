@@ -100,16 +100,16 @@ class AnswerTiming:
     prompt_read_s: float = 0.0
 
     def parts(self) -> list[str]:
-        """'read 20.3 s', 'chose 12 passages in 3.1 s', 'read 9,800 tokens of passages in 61.2 s'."""
+        """'document read 20.3 s', 'chose 12 passages in 3.1 s', 'passages: 9,800 tokens read in 61.2 s'."""
         out = []
         if self.document_read_s is not None:
-            out.append(f"read {fmt_seconds(self.document_read_s)}")
+            out.append(f"document read {fmt_seconds(self.document_read_s)}")
         if self.passages_at is not None:
             out.append(f"chose {self.passage_count} passage{'s' if self.passage_count != 1 else ''} in "
                        f"{fmt_seconds(self.passages_at - self.asked_at)}")
         if self.prompt_tokens_read >= SHOW_READ_MIN_TOKENS:
-            what = " of passages" if self.passages_at is not None else ""
-            out.append(f"read {self.prompt_tokens_read:,} tokens{what} in {fmt_seconds(self.prompt_read_s)}")
+            what = "passages" if self.passages_at is not None else "prompt"
+            out.append(f"{what}: {self.prompt_tokens_read:,} tokens read in {fmt_seconds(self.prompt_read_s)}")
         return out
 
     @property

@@ -71,6 +71,7 @@ def run_app(argv: list[str] | None = None) -> int:
             window.attach_file(path)
     code = app.exec()
     window.shutdown()  # (done already when the window closed) the answer in flight is saved, the store closed
+    mark_startup("saved everything, exiting")
     # Nothing is left to save: skip tearing down torch, Qt and an engine thread still inside a step
     # that cannot stop (loading weights), which took seconds.
     logging.shutdown()

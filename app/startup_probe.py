@@ -84,6 +84,7 @@ def measure(argv: list[str]) -> int:
         line = line.strip()
         if line.startswith("closing at "):
             closing = float(line.split()[-1])
+            print(f"closing at {closing - start:.2f} s", flush=True)
         elif line:
             print(line, flush=True)
         if time.time() > deadline:

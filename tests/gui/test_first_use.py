@@ -193,7 +193,7 @@ def test_the_first_token_time_counts_the_reading_of_a_fresh_document(qtbot, make
         window.send("What is it about?")  # asked while the document is still being read
     assert window.title_label.text() == "play"  # the chat is named after its document, not the question
     footer = window.chat_view._chat_widgets()[-1].message.footer
-    read, first = _seconds(footer, "read"), _seconds(footer, "first token")
+    read, first = _seconds(footer, "document read"), _seconds(footer, "first token")
     assert read >= 1.0  # the document's reading, as the engine timed it
     assert first > read  # from the question: the reading it waited for is in it (the engine alone says 0.42 s)
     assert footer.index("read") < footer.index("first token")
@@ -204,8 +204,8 @@ def test_the_first_token_time_counts_the_reading_of_a_fresh_document(qtbot, make
         window.send("And then?")
     import re
     again = window.chat_view._chat_widgets()[-1].message.footer
-    assert not re.match(r"read [\d.]+ m?s ·", again)  # the fake engine reads the prompt again, so "read N tokens in"
-    assert "read " in footer and again.count("read ") == 1
+    assert "document read" not in again and again.startswith("prompt: ")  # the fake engine reads it all again
+    assert footer.startswith("document read ")
 
 
 def test_an_answer_from_passages_says_where_its_time_went(qtbot, make_window):
