@@ -10,7 +10,7 @@ from engine.events import Finished, FinishReason
 from engine.store.chat_schema import MIGRATIONS
 from engine.store.chats import ChatStore
 from tests.gui.fakes import FakeBackend
-from tests.gui.test_controller import RecordingView, ScriptedEngine, rig  # noqa: F401 - rig is a fixture
+from tests.gui.test_controller import rig  # noqa: F401 - a fixture: a controller on a recording view
 
 CITED = (CitedPassage("Hamlet", "Act 5, Scene 2", "QUEEN. No, no, the drink",
                       "QUEEN. No, no, the drink, the drink! O my dear Hamlet! The drink, the drink! I am poison'd."),
@@ -202,7 +202,6 @@ def test_the_first_token_time_counts_the_reading_of_a_fresh_document(qtbot, make
     # the next answer has nothing fresh to read: no reading time, and its own first token
     with qtbot.waitSignal(window.answerFinished, timeout=20_000):
         window.send("And then?")
-    import re
     again = window.chat_view._chat_widgets()[-1].message.footer
     assert "document read" not in again and again.startswith("prompt: ")  # the fake engine reads it all again
     assert footer.startswith("document read ")
