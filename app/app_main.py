@@ -18,7 +18,8 @@ from app.startup_probe import mark as mark_startup
 from engine.errors import UserError
 
 ORG, APP = "TriForceChat", "TriForce Chat"
-QUIT_WAIT_MS = 300  # closing waits this long for the engine's step in flight, then exits without it
+QUIT_WAIT_MS = 100  # closing waits this long for the engine's step in flight, then exits without it
+QUIT_DEADLINE_S = 0.6  # after saving, the process ends within this even when the engine holds the interpreter
 
 
 def app_settings() -> QSettings:
@@ -37,6 +38,16 @@ def configure_logging(stream: Any = None) -> logging.Handler:
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     return handler
+
+
+def exit_soon(deadline_s: float = QUIT_DEADLINE_S) -> None:
+    """Once everything is saved: make sure the process ends within `deadline_s` even if another thread
+    holds the interpreter in a long C call (the engine loading torch: seconds in which the GUI thread
+    cannot run a line of Python). faulthandler's watchdog needs no interpreter; it exits with status 1."""
+    import faulthandler
+
+    sink = open(os.devnull, "w")  # noqa: SIM115 - open until the process ends
+    faulthandler.dump_traceback_later(deadline_s, exit=True, file=sink)
 
 
 def run_app(argv: list[str] | None = None) -> int:
@@ -66,6 +77,7 @@ def run_app(argv: list[str] | None = None) -> int:
     window.show()
     close_on_signals(window)  # Ctrl+C / SIGTERM: the answer being written is kept, marked interrupted
     window.quit_wait_ms = QUIT_WAIT_MS
+    window.on_saved = exit_soon
     for path in argv[1:]:
         if Path(path).is_file():
             window.attach_file(path)

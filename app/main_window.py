@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from PySide6.QtCore import QSettings, Signal
 from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent
@@ -70,6 +70,7 @@ class MainWindow(QMainWindow):
         self.controller = ChatController(self, self.engine, self.repo, self.documents, self.prefs)
         self._overflow_box: QMessageBox | None = None
         self.load_clock = LoadClock(self.status_label.setText, self)
+        self.on_saved: Callable[[], None] | None = None  # called by shutdown once all is saved (run_app)
         self.quit_wait_ms = 30_000  # how long closing waits for the engine's step in flight (run_app: less)
         self._restore_geometry()
         self._wire()
@@ -423,18 +424,21 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
     def shutdown(self) -> None:
-        """Save the answer being written (marked interrupted), stop the engine thread (quit + wait),
-        the sampler, and close the store. Idempotent."""
+        """Save the answer being written (marked interrupted), the settings and the window's layout,
+        close the store, then stop the engine thread (quit + wait up to quit_wait_ms) and the sampler.
+        Idempotent."""
         if self.controller.closing:
             return
         self.controller.shutdown()
         self.settings_panel.flush()
         self.prefs.setValue("window/geometry", self.saveGeometry())
         self.prefs.setValue("window/splitter", self.splitter.saveState())
-        self.engine.shutdown(self.quit_wait_ms)
-        self.memory.stop(min(self.quit_wait_ms // 3, 5000))
         self.prefs.sync()
         self.repo.close()
+        if self.on_saved is not None:
+            self.on_saved()  # nothing is lost by exiting from here on
+        self.engine.shutdown(self.quit_wait_ms)
+        self.memory.stop(min(self.quit_wait_ms // 3, 5000))
 
 
 def _chat_subtitle(c: Any) -> str:
