@@ -35,7 +35,8 @@ def tiny_model(tiny_model_dir) -> str:
 
 @pytest.fixture
 def make_window(qtbot, triforce_home):
-    """Factory: `make_window(spec, backend=None, wait=True, **kw) -> MainWindow`, model loaded.
+    """Factory: `make_window(spec, backend=None, wait=True, **kw) -> MainWindow`, model loaded and the
+    acceptance plot built (wait=False: right after show()).
 
     Each window is shut down (engine thread quit + wait, store closed) at teardown."""
     from app.main_window import MainWindow
@@ -50,6 +51,9 @@ def make_window(qtbot, triforce_home):
         windows.append(window)
         if wait and spec:
             qtbot.waitUntil(lambda: window.model is not None, timeout=60_000)
+            # start-up is over once the plot's library, imported in the background after the first
+            # paint, is in: tests that time the GUI thread measure the app after it, not during it
+            qtbot.waitUntil(lambda: window.acceptance_panel._plot is not None, timeout=60_000)
         return window
 
     yield make
