@@ -40,8 +40,11 @@ def test_bad_settings_refused_before_anything_loads(flags, message, capsys) -> N
 
 
 def test_bench_refuses_a_steal_share_out_of_range_before_loading(capsys) -> None:
-    assert main(["bench", "--model", "/no/such/model", "--max-steal", "150"]) == 2
-    assert capsys.readouterr().err == "error: --max-steal 150.0: give a share of the CPU in per cent, 0 to 99\n"
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--model", "/no/such/model", "--max-steal", "150"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == ("error: argument --max-steal: 150 is out of range: use 0 to 99 per cent "
+                                       "(see `main.py bench --help`)\n")
 
 
 def test_triforce_home_a_file_or_below_one(tmp_path, monkeypatch, capsys) -> None:
