@@ -34,7 +34,7 @@ def register(subparsers) -> None:
     parser.add_argument("--interleave", default="step", choices=("step", "answer"),
                         help="step (default): our methods answer side by side, each in its own session, asked for "
                              "tokens in turn, so a slow spell of the host hits them alike; answer: one answer after "
-                             "another in one session (the benches before 2026-12-05)")
+                             "another in one session")
     parser.add_argument("--json", metavar="OUT", default=None)
     add_decode_arguments(parser)
     parser.set_defaults(func=run)

@@ -40,7 +40,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
 
 def default_budget(context_tokens: int, chunk: int) -> int:
     """The retrieval budget when none is given: ~1/8 of the context, a whole number of chunks, at
-    least two chunks and at most 4096 tokens (the CLI, the bench and the notes' A/B scripts)."""
+    least two chunks and at most 4096 tokens (the CLI and the bench)."""
     return max(2 * chunk, min(4096, (context_tokens // 8) // chunk * chunk))
 
 
