@@ -129,6 +129,8 @@ NO_MODEL = ["--model", "/no/such/model", "--ask", "hi"]  # a value checked later
     (["chat", "--model", "/no/such/model", "--ask", "hello \udcff\udcfe"], 'argument --ask: "hello \\xff\\xfe" is not UTF-8'),
     (["chat", *NO_MODEL, "--system", "\udcc3"], "argument --system: "),
     (["chat", *NO_MODEL, "--temperature", "nan"], "argument --temperature: nan is not a finite number"),
+    (["chat", *NO_MODEL, "--temperature", "1e-300"], "argument --temperature: 1e-300 is too small to sample with"),
+    (["chat", *NO_MODEL, "--top-p", "1e-300"], "argument --top-p: 1e-300 is out of range"),  # 0 in float32
     (["chat", *NO_MODEL, "--max-new-tokens", str(2**70)], "argument --max-new-tokens: "),
     ([*LLAMA_PLAN, "--headroom-gib", "nan"], "argument --headroom-gib: nan is not a finite number"),
     ([*LLAMA_PLAN, "--headroom-gib", "inf"], "argument --headroom-gib: inf is not a finite number"),

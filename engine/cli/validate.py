@@ -86,6 +86,21 @@ def device(value: str) -> str:
     return value.strip()
 
 
+MIN_TEMPERATURE = 1e-3  # below it logits / temperature overflow float32 (inf, nan); 0 is greedy
+MIN_TOP_P = 1e-6  # a top-p that rounds to 0 in float32 would keep no token at all
+
+
+def temperature(value: str) -> float:
+    """0 (greedy) or a sampling temperature from MIN_TEMPERATURE to 5."""
+    number = real(0, 5)(value)
+    if 0 < number < MIN_TEMPERATURE:
+        raise argparse.ArgumentTypeError(f"{value} is too small to sample with: use 0 (greedy) or "
+                                         f"{MIN_TEMPERATURE:g} to 5")
+    return number
+
+
+temperature.__name__ = "float"
+temperature.checked = True
 ROW_ID = integer(1, INT64_MAX)  # a chat id: SQLite rows are numbered from 1 within int64
 SEED = integer(0, SEED_MAX)
 COUNT = integer(0, INT64_MAX)  # the default for an int option that names no range

@@ -176,6 +176,8 @@ CASES: tuple[Case, ...] = (
     Case("chat --seed 2**64 under sampling, in chat 1", _chat("--temperature", "0.7", "--seed", str(2**64), "--chat", "1"),
          quick=True),
     Case("chat --seed -2**70", _chat("--temperature", "0.7", "--seed", str(-2**70))),
+    Case("chat --temperature 1e-300 (inf logits)", _chat("--temperature", "1e-300")),
+    Case("chat --top-p 1e-300 (0 in float32)", _chat("--temperature", "0.7", "--top-p", "1e-300")),
     Case("chat --device cuda without CUDA", lambda f: [*_chat()(f)[:-2], "--device", "cuda"], applies=_no_cuda),
     Case("chat --device bogus", lambda f: [*_chat()(f)[:-2], "--device", "bogus"], quick=True),
     Case("--model safetensors of random bytes", lambda f: _chat(model=f["random_weights"])(f)),
