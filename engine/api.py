@@ -245,14 +245,29 @@ def describe_plan(plan) -> str:
 
 
 # --- what the command line needs besides the above (each a thin door into one layer below) ----------
-__all__ += ["DEFAULT_CPU_ATTN_GBPS", "DEFAULT_HEADROOM", "FITS", "GiB", "PLAN_PROFILES", "bundled_dir", "bundled_gguf_path", "check_device", "check_writable",
-            "find_preset", "is_bundled_converted", "load_tokenizer", "plan_for", "text_sha256"]
+__all__ += ["FITS", "PlanDefaults", "bundled_dir", "bundled_gguf_path", "check_device", "check_writable",
+            "find_preset", "is_bundled_converted", "load_tokenizer", "plan_defaults", "plan_for", "text_sha256"]
 
 from engine.decoding.passage_fit import FITS  # noqa: E402 - how a document goes into the prompt
 from engine.documents import text_sha256  # noqa: E402 - a document's key in the chat store
-from engine.offload.devices import DEFAULT_CPU_ATTN_GBPS, DEFAULT_HEADROOM, GiB  # noqa: E402 - plan's defaults
-from engine.offload.devices import PROFILES as PLAN_PROFILES  # noqa: E402
 from engine.store.presets import find_preset  # noqa: E402
+
+
+@dataclass(frozen=True)
+class PlanDefaults:
+    """What `plan` assumes unless told: the device profiles it knows, the GPU memory kept free per
+    card, the CPU-attention bandwidth of hybrid offload."""
+
+    profiles: tuple[str, ...]
+    headroom_bytes: int
+    cpu_attn_gbps: float
+
+
+def plan_defaults() -> PlanDefaults:
+    """The planner's defaults (its module loads only when asked: the app does not pay for it)."""
+    from engine.offload.devices import DEFAULT_CPU_ATTN_GBPS, DEFAULT_HEADROOM, PROFILES
+
+    return PlanDefaults(tuple(PROFILES), DEFAULT_HEADROOM, DEFAULT_CPU_ATTN_GBPS)
 
 
 def bundled_gguf_path() -> Path:
@@ -284,18 +299,18 @@ def load_tokenizer(target: "ModelFolder | Path"):
 
 
 def plan_for(target_spec: str, draft_spec: str | None, context: int, settings: DecodeSettings, profile: str, *,
-             ram_bytes: int | None = None, headroom_bytes: int = DEFAULT_HEADROOM, tp_offload: bool = True,
+             ram_bytes: int | None = None, headroom_bytes: int | None = None, tp_offload: bool = True,
              tensor_parallel: bool | None = None, cpu_attn_gbps: float | None = None):
     """The offload plan `main.py plan` prints, from config files only: like preview_plan, with every
     planner knob, and a context past the model's refused (ContextOverflowError) instead of cut.
     A misfit returns the closest plan with fits=False; bad input raises a UserError."""
-    from engine.offload.devices import device_spec
+    from engine.offload.devices import DEFAULT_HEADROOM, device_spec
     from engine.offload.planner import plan_placement
 
     target = shape_for(target_spec)
     draft = shape_for(draft_spec) if draft_spec and draft_spec not in DRAFTERS_WITHOUT_MODEL else None
     return plan_placement(target, draft, context, settings, device_spec(profile, ram_bytes=ram_bytes),
-                          headroom_bytes=headroom_bytes, tp_offload=tp_offload, tensor_parallel=tensor_parallel,
+                          headroom_bytes=DEFAULT_HEADROOM if headroom_bytes is None else headroom_bytes, tp_offload=tp_offload, tensor_parallel=tensor_parallel,
                           cpu_attn_gbps=cpu_attn_gbps, raise_on_misfit=False)
 
 
