@@ -150,6 +150,11 @@ def test_hostile_values_are_one_line_before_anything_loads(argv, says, capsys) -
     assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: {says}"), err
 
 
+def test_bench_checks_its_decoding_settings_before_the_model_loads(capsys) -> None:
+    assert main(["bench", "--model", "/no/such/model", "--context", "512", "--gamma1", "99"]) == 2
+    assert capsys.readouterr().err == "error: gamma1 99 is out of range: use 1 to 16\n"
+
+
 def test_every_option_of_every_command_reads_its_value_through_a_checked_type() -> None:
     from engine.cli import build_parser
     from engine.cli.validate import unchecked_options

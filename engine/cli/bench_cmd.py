@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise InvalidSettingError(f"unknown method(s) {', '.join(unknown)}: use any of {', '.join(ALL_METHODS)}")
     contexts = args.context  # whole numbers from 64 up (validate.integer_list)
-    check_device(args.device)
+    build_settings(argparse.Namespace(**{**vars(args), "max_new_tokens": args.new_tokens}), max(contexts))
+    check_device(args.device)  # every flag checked before the model loads
     if args.doc:
         text = read_document(args.doc).text
     else:
