@@ -26,9 +26,8 @@ def text(value: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        shown = value.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
         raise argparse.ArgumentTypeError(
-            f'"{_short(shown)}" is not UTF-8 text: retype it in a UTF-8 terminal (a file: rename it to UTF-8)') from None
+            f'"{_short(_bytes_shown(value))}" is not UTF-8 text: retype it in a UTF-8 terminal (a file: rename it to UTF-8)') from None
     return value
 
 
@@ -138,6 +137,15 @@ def unchecked_options(parser: argparse.ArgumentParser, prefix: str = "") -> list
         elif action.nargs != 0 and not getattr(action.type, "checked", False) and action.option_strings:
             found.append(prefix + action.option_strings[-1])
     return found
+
+
+def _bytes_shown(value: str) -> str:
+    # the bytes argv held (surrogate-escaped by Python), as ASCII with \x escapes
+    try:
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that no byte made
+        raw = value.encode("utf-8", "surrogatepass")
+    return raw.decode("ascii", "backslashreplace")
 
 
 def _short(value: str, limit: int = 40) -> str:
