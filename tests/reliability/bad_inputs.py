@@ -4,7 +4,8 @@ Clean means: exit code 2 and exactly one line on stderr, starting `error:` (no t
 library's own warning before it). A few inputs are not errors but odd files we read anyway;
 those must exit 0 and say what we did in one `note:` line (or, for a snapshot that cannot be
 saved, one `warning:` line), and a special file like /proc/cpuinfo is read with nothing to say.
-The app home starts with one chat of one answered question; afterwards it must hold exactly that:
+Lines main.py's venv set-up prints (`[setup] ...`) are left out of the judgement. The app home
+starts with one chat of one answered question; afterwards it must hold exactly that:
 a failed answer leaves no junk turn, and no case loses a stored message.
 """
 from __future__ import annotations
@@ -99,6 +100,7 @@ def make_files(root: Path, model: Path) -> Files:
     (p["home"] / "snapshots").mkdir(parents=True, exist_ok=True)  # the full-disk case mounts over it
     p["ro_home"] = root / "read-only-home"
     _home_with_one_chat(p["ro_home"])
+    (p["ro_home"] / "snapshots").mkdir()  # a home used before: everything there, nothing writable
     _home_with_one_chat(p["home"])
     return files
 
@@ -196,7 +198,7 @@ CASES: tuple[Case, ...] = (
     Case("bench --repeats 0", lambda f: ["bench", "--model", str(f.model), "--context", "256", "--new-tokens", "4",
                                          "--methods", "ar", "--repeats", "0", "--device", "cpu"]),
     Case("bench --context -5", lambda f: ["bench", "--model", str(f.model), "--context", "-5", "--device", "cpu"]),
-    Case("read-only app home", lambda f: _chat("--no-save")(f), env=lambda f: {"TRIFORCE_HOME": f["ro_home"]},
+    Case("read-only app home", lambda f: _chat("--doc", f["book"], "--no-save")(f), env=lambda f: {"TRIFORCE_HOME": f["ro_home"]},
          wrap=lambda f: sandbox.read_only(f.paths["ro_home"])),
     # read anyway, and say so
     Case("--doc latin-1 text with NUL bytes", lambda f: _chat("--doc", f["nul_latin1"], "--no-save")(f), expect="note"),
@@ -243,7 +245,8 @@ def run_case(case: Case, files: Files, timeout: float = 300) -> Outcome:
            "TRANSFORMERS_OFFLINE": "1", **case.env(files)}
     run = subprocess.run([*prefix, sys.executable, str(REPO / "main.py"), *case.argv(files)], cwd=REPO, env=env,
                          capture_output=True, text=True, errors="replace", timeout=timeout)
-    lines = run.stderr.splitlines()
+    # main.py's own set-up lines (a venv being installed or brought up to date) are not the command's
+    lines = [line for line in run.stderr.splitlines() if not line.startswith("[setup] ")]
     if case.expect == "error":
         clean = run.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ")
     elif case.expect == "ok":
