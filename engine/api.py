@@ -310,7 +310,8 @@ def plan_for(target_spec: str, draft_spec: str | None, context: int, settings: D
     target = shape_for(target_spec)
     draft = shape_for(draft_spec) if draft_spec and draft_spec not in DRAFTERS_WITHOUT_MODEL else None
     return plan_placement(target, draft, context, settings, device_spec(profile, ram_bytes=ram_bytes),
-                          headroom_bytes=DEFAULT_HEADROOM if headroom_bytes is None else headroom_bytes, tp_offload=tp_offload, tensor_parallel=tensor_parallel,
+                          headroom_bytes=DEFAULT_HEADROOM if headroom_bytes is None else headroom_bytes,
+                          tp_offload=tp_offload, tensor_parallel=tensor_parallel,
                           cpu_attn_gbps=cpu_attn_gbps, raise_on_misfit=False)
 
 

@@ -334,3 +334,22 @@ def test_an_answer_that_fails_midway_keeps_what_printed_marked_interrupted(tiny_
     store.close()
     assert (question.text, question.state) == ("What is new?", "done")
     assert answer.state == "interrupted" and answer.text and printed == answer.text + "\n"
+
+
+@pytest.mark.slow
+def test_an_answer_piped_into_a_reader_that_leaves_ends_quietly_and_keeps_what_was_sent(tiny_model_dir) -> None:
+    argv = [sys.executable, str(REPO / "main.py"), "chat", "--model", str(tiny_model_dir("llama")), "--device", "cpu",
+            "--ask", "Tell me more", "--max-new-tokens", "400", "--temperature", "0", "--mode", "ar"]
+    proc = subprocess.Popen(argv, cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.read1(64)  # the answer has begun: then the reader leaves, as `| head -c 64` does
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=300)
+    assert first and proc.returncode == 141, err
+    assert not [line for line in err.splitlines() if not line.startswith("[setup] ")]  # no traceback, nothing
+    store = ChatStore()
+    (chat,) = store.list_chats()
+    question, answer = store.messages(chat.id)
+    store.close()
+    assert question.text == "Tell me more" and answer.state == "interrupted"
+    assert answer.text.encode().startswith(first)

@@ -2,7 +2,8 @@
 
 A `UserError` becomes one line on stderr and exit code 2, and so does a bad command line (with a
 hint to use --help); anything else is a bug and shows its traceback. Ctrl+C and SIGTERM print
-"interrupted" on a line of its own and exit 130 / 143 (`chat` saves the partial answer first).
+"interrupted" on a line of its own and exit 130 / 143 (`chat` saves the partial answer first); a
+closed stdout (`| head`) ends the command quietly with 141, as for a shell tool.
 Every option's value is checked as it is parsed (engine.cli.validate), before anything slow runs;
 a warning the engine raises while a command runs is one `warning:` line, not Python's two.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -77,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         print("interrupted", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
+    except BrokenPipeError:  # stdout's reader left (`| head`): stop quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not raise again
+        return 141
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)

@@ -42,10 +42,14 @@ class AnswerPrinter:
             print(f"\rprefill {event.done}/{event.total} (+{event.reused} reused)", end="", file=sys.stderr, flush=True)
 
     def end_lines(self) -> None:
-        """End the answer's line on stdout and the progress line on stderr."""
+        """End the answer's line on stdout and the progress line on stderr (a closed stdout, e.g. a
+        pipe whose reader left, is let be: the answer still has to be saved)."""
         self._end_progress()
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            pass
 
     def _end_progress(self) -> None:
         if self._progress_open:

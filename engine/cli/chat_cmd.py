@@ -96,7 +96,8 @@ def register(subparsers) -> None:
     parser.add_argument("--temperature", type=v.temperature, default=None,
                         help=f"0 = greedy (default: the model's recommended, from its generation_config.json, "
                              f"else {fallback.temperature})")
-    parser.add_argument("--top-p", type=v.real(v.MIN_TOP_P, 1.0), default=None, help=f"default: the model's, else {fallback.top_p}")
+    parser.add_argument("--top-p", type=v.real(v.MIN_TOP_P, 1.0), default=None,
+                        help=f"default: the model's, else {fallback.top_p}")
     parser.add_argument("--top-k", type=int, default=None, help=f"0 = off (default: the model's, else {fallback.top_k})")
     parser.add_argument("--presence-penalty", type=float, default=None,
                         help=f"lower the logit of a token already in the answer, -2 to 2 (default {DEFAULT_PRESENCE_PENALTY})")

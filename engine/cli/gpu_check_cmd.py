@@ -13,9 +13,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "bandwidth, CPU attention on the host, L1/L2 forwards at 32K and 128K eager and "
                                           "CUDA-graphed, offloaded verification stream-only vs hybrid vs on-chip, draft "
                                           "step, composed TriForce vs AR ms/token, the paper's setting modelled.")
-    p.add_argument("--device", type=v.device, default="cuda", help="cuda (default), cuda:N, or cpu (tiny shapes: exercises the code)")
+    p.add_argument("--device", type=v.device, default="cuda",
+                   help="cuda (default), cuda:N, or cpu (tiny shapes: exercises the code)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions and shorter contexts (16K, 32K)")
-    p.add_argument("--contexts", type=v.integer_list(64, 2**31 - 1, "tokens"), default=None, help="comma-separated context lengths, e.g. 32768,131072")
+    p.add_argument("--contexts", type=v.integer_list(64, 2**31 - 1, "tokens"), default=None,
+                   help="comma-separated context lengths, e.g. 32768,131072")
     p.add_argument("--json", metavar="OUT", default=None, help="also write the results as JSON to OUT")
     p.set_defaults(func=run)
 

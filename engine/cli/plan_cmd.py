@@ -22,10 +22,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="preset repo id, local folder, .gguf file, or a cached repo id")
     p.add_argument("--draft", default="preset",
                    help="draft model spec; 'preset' (default) uses the preset's draft, 'none' drafts by n-gram lookup")
-    p.add_argument("--context", type=v.integer(1, 2**31 - 1, "tokens"), required=True, help="tokens the cache must hold (document + history + answer)")
+    p.add_argument("--context", type=v.integer(1, 2**31 - 1, "tokens"), required=True,
+                   help="tokens the cache must hold (document + history + answer)")
     p.add_argument("--devices", default="auto", choices=defaults.profiles, help="device profile (default: auto-detect)")
-    p.add_argument("--budget", type=v.integer(1, 2**31 - 1, "tokens"), default=DecodeSettings.budget, help="retrieval cache budget in tokens")
-    p.add_argument("--chunk", type=v.integer(1, 1024, "tokens"), default=DecodeSettings.chunk, help="retrieval chunk size in tokens")
+    p.add_argument("--budget", type=v.integer(1, 2**31 - 1, "tokens"), default=DecodeSettings.budget,
+                   help="retrieval cache budget in tokens")
+    p.add_argument("--chunk", type=v.integer(1, 1024, "tokens"), default=DecodeSettings.chunk,
+                   help="retrieval chunk size in tokens")
     p.add_argument("--mode", default="triforce", choices=MODES, help="decoding mode")
     p.add_argument("--headroom-gib", type=v.real(0, MAX_HEADROOM_GIB, "GiB"), default=defaults.headroom_bytes / GiB,
                    help="GPU memory kept free per card for CUDA context and fragmentation (GiB)")

@@ -27,7 +27,8 @@ def text(value: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise argparse.ArgumentTypeError(
-            f'"{_short(_bytes_shown(value))}" is not UTF-8 text: retype it in a UTF-8 terminal (a file: rename it to UTF-8)') from None
+            f'"{_short(_bytes_shown(value))}" is not UTF-8 text: retype it in a UTF-8 terminal '
+            "(a file: rename it to UTF-8)") from None
     return value
 
 

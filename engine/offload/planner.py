@@ -63,7 +63,8 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
     spec = devices if isinstance(devices, DeviceSpec) else device_spec(devices)
     if cpu_attn_gbps is not None:
         if not math.isfinite(cpu_attn_gbps):
-            raise InvalidSettingError(f"CPU attention bandwidth {cpu_attn_gbps} GB/s is not finite: use 0 (stream only) or more")
+            raise InvalidSettingError(f"CPU attention bandwidth {cpu_attn_gbps} GB/s is not finite: "
+                                      "use 0 (stream only) or more")
         if cpu_attn_gbps < 0:
             raise InvalidSettingError(f"CPU attention bandwidth {cpu_attn_gbps} GB/s is negative: use 0 (stream only) or more")
         spec = dataclasses.replace(spec, cpu_attn_gbps=cpu_attn_gbps)

@@ -175,8 +175,8 @@ CASES: tuple[Case, ...] = (
     Case("--chat 999 (no such chat)", _chat("--chat", "999")),
     Case("chats --export 999", lambda f: ["chats", "--export", "999"]),
     # the hostile inputs a new user tried (each was a traceback or a slow failure)
-    Case("chat --seed 2**64 under sampling, in chat 1", _chat("--temperature", "0.7", "--seed", str(2**64), "--chat", "1"),
-         quick=True),
+    Case("chat --seed 2**64 under sampling, in chat 1",
+         _chat("--temperature", "0.7", "--seed", str(2**64), "--chat", "1"), quick=True),
     Case("chat --seed -2**70", _chat("--temperature", "0.7", "--seed", str(-2**70))),
     Case("chat --temperature 1e-300 (inf logits)", _chat("--temperature", "1e-300")),
     Case("chat --top-p 1e-300 (0 in float32)", _chat("--temperature", "0.7", "--top-p", "1e-300")),
