@@ -87,8 +87,11 @@ class Engine:
         converted if needed. Raises a UserError subclass for a spec that names nothing usable, and a
         Cancelled subclass when `cancel()` said so."""
         from engine.store.models import resolve_model
+        from engine.store.weights_check import check_safetensors_folder
 
-        return resolve_model(spec, progress=progress, cancel=cancel)
+        folder = resolve_model(spec, progress=progress, cancel=cancel)
+        check_safetensors_folder(folder.path)  # garbage weights are named now, not once loading has begun
+        return folder
 
     def place(self, target: "ModelFolder", draft: "ModelFolder | None", settings: DecodeSettings,
               capacity: int | None = None) -> "GpuPlacement | None":
@@ -240,3 +243,112 @@ def describe_plan(plan) -> str:
 
     return describe(plan)
 
+
+# --- what the command line needs besides the above (each a thin door into one layer below) ----------
+__all__ += ["FITS", "PlanDefaults", "bundled_dir", "bundled_gguf_path", "check_device", "check_writable",
+            "find_preset", "is_bundled_converted", "load_tokenizer", "plan_defaults", "plan_for", "text_sha256"]
+
+from engine.decoding.passage_fit import FITS  # noqa: E402 - how a document goes into the prompt
+from engine.documents import text_sha256  # noqa: E402 - a document's key in the chat store
+from engine.store.presets import find_preset  # noqa: E402
+
+
+@dataclass(frozen=True)
+class PlanDefaults:
+    """What `plan` assumes unless told: the device profiles it knows, the GPU memory kept free per
+    card, the CPU-attention bandwidth of hybrid offload."""
+
+    profiles: tuple[str, ...]
+    headroom_bytes: int
+    cpu_attn_gbps: float
+
+
+def plan_defaults() -> PlanDefaults:
+    """The planner's defaults (its module loads only when asked: the app does not pay for it)."""
+    from engine.offload.devices import DEFAULT_CPU_ATTN_GBPS, DEFAULT_HEADROOM, PROFILES
+
+    return PlanDefaults(tuple(PROFILES), DEFAULT_HEADROOM, DEFAULT_CPU_ATTN_GBPS)
+
+
+def bundled_gguf_path() -> Path:
+    """The bundled model's GGUF file (raises ModelNotFoundError when its package is missing)."""
+    from engine.store.models import bundled_gguf_path as gguf
+
+    return gguf()
+
+
+def bundled_dir() -> Path:
+    """Where the bundled model's converted folder lives (or will, once converted)."""
+    from engine.store.models import bundled_dir as folder
+
+    return folder()
+
+
+def is_bundled_converted() -> bool:
+    """Has the bundled GGUF been converted into its folder yet?"""
+    from engine.store.models import is_bundled_converted as converted
+
+    return converted()
+
+
+def load_tokenizer(target: "ModelFolder | Path"):
+    """A resolved model's tokenizer alone (no weights read): to size a prompt before loading."""
+    from engine.model.loading import load_tokenizer as tokenizer
+
+    return tokenizer(Path(getattr(target, "path", target)))
+
+
+def plan_for(target_spec: str, draft_spec: str | None, context: int, settings: DecodeSettings, profile: str, *,
+             ram_bytes: int | None = None, headroom_bytes: int | None = None, tp_offload: bool = True,
+             tensor_parallel: bool | None = None, cpu_attn_gbps: float | None = None):
+    """The offload plan `main.py plan` prints, from config files only: like preview_plan, with every
+    planner knob, and a context past the model's refused (ContextOverflowError) instead of cut.
+    A misfit returns the closest plan with fits=False; bad input raises a UserError."""
+    from engine.offload.devices import DEFAULT_HEADROOM, device_spec
+    from engine.offload.planner import plan_placement
+
+    target = shape_for(target_spec)
+    draft = shape_for(draft_spec) if draft_spec and draft_spec not in DRAFTERS_WITHOUT_MODEL else None
+    return plan_placement(target, draft, context, settings, device_spec(profile, ram_bytes=ram_bytes),
+                          headroom_bytes=DEFAULT_HEADROOM if headroom_bytes is None else headroom_bytes,
+                          tp_offload=tp_offload, tensor_parallel=tensor_parallel,
+                          cpu_attn_gbps=cpu_attn_gbps, raise_on_misfit=False)
+
+
+def check_device(devices: str) -> None:
+    """Raise InvalidSettingError now, before anything loads, if `devices` ("auto", "cpu", "cuda",
+    "cuda:N") names a device this machine does not have. Imports torch only for a CUDA device."""
+    if devices in ("auto", "cpu"):
+        return
+    from engine.errors import InvalidSettingError
+
+    if not devices.startswith("cuda"):
+        raise InvalidSettingError(f"device {devices!r} is unknown: use auto, cpu, cuda or cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "torch sees no CUDA GPU"
+        raise InvalidSettingError(f"device {devices!r} is not available ({why}): use auto or cpu")
+    index = int(devices.partition(":")[2] or 0)
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise InvalidSettingError(f"device {devices!r} does not exist: torch sees {count} GPU(s), "
+                                  f"cuda:0 to cuda:{count - 1}")
+
+
+def check_writable(chats: bool = True, snapshots: bool = True) -> None:
+    """Raise StoreError now, before anything loads, if the app home (where the chat store lives) or
+    the snapshot folder cannot be written: a read-only home fails in a blink, not after a prefill."""
+    import tempfile
+
+    from engine.errors import StoreError
+    from engine.store.paths import snapshot_dir
+
+    folders = ([app_home()] if chats else []) + ([snapshot_dir()] if snapshots else [])
+    for folder in folders:
+        try:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise StoreError(f"{folder} is not writable ({exc.strerror or exc}): check its permissions, point "
+                             "TRIFORCE_HOME to a writable folder, or pass --no-save and --no-snapshot") from None

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--draft", "meta-llama/Llama-3.2-1B-Instruct"]
 
@@ -82,3 +84,23 @@ def test_misfit_prints_plan_then_exits_2(tmp_path) -> None:
 def test_context_overflow_exit_2(tmp_path) -> None:
     r = run_plan(tmp_path, "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--context", "20000", "--devices", "cpu")
     assert r.returncode == 2 and "exceeds" in r.stderr and "8192" in r.stderr
+
+
+def test_a_headroom_past_the_card_is_refused_not_planned_as_negative_memory(tmp_path) -> None:
+    r = run_plan(tmp_path, *LLAMA, "--context", "4096", "--devices", "4090", "--headroom-gib", "30")
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: a headroom of 30 GiB does not fit cuda:0 (NVIDIA GeForce RTX 4090")
+
+
+def test_the_planner_refuses_what_the_flags_refuse_for_callers_without_them() -> None:
+    from engine.errors import InvalidSettingError
+    from engine.offload.planner import GiB, plan_placement
+    from engine.offload.shapes import shape_for
+    from engine.settings import DecodeSettings
+
+    target = shape_for("meta-llama/Llama-3.1-8B-Instruct")
+    for knobs, says in (({"cpu_attn_gbps": float("nan")}, "is not finite"),
+                        ({"headroom_bytes": 1 << 80}, "does not fit cuda:0"),
+                        ({"headroom_bytes": -GiB}, "does not fit cuda:0")):
+        with pytest.raises(InvalidSettingError, match=says):
+            plan_placement(target, None, 4096, DecodeSettings(), "4090", **knobs)

@@ -2,16 +2,22 @@
 
 A `UserError` becomes one line on stderr and exit code 2, and so does a bad command line (with a
 hint to use --help); anything else is a bug and shows its traceback. Ctrl+C and SIGTERM print
-"interrupted" on a line of its own and exit 130 / 143 (`chat` saves the partial answer first).
+"interrupted" on a line of its own and exit 130 / 143 (`chat` saves the partial answer first); a
+closed stdout (`| head`) ends the command quietly with 141, as for a shell tool.
+Every option's value is checked as it is parsed (engine.cli.validate), before anything slow runs;
+a warning the engine raises while a command runs is one `warning:` line, not Python's two.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
+import warnings
 
+from engine.cli.validate import harden
 from engine.errors import UserError
 
 # subcommand name -> module under engine.cli (imported lazily so `plan` never imports torch models)
@@ -51,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # not built yet
             raise
         module.register(sub)
-    return parser
+    return harden(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,16 +70,26 @@ def main(argv: list[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            return int(args.func(args) or 0)
     except UserError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         print("interrupted", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
+    except BrokenPipeError:  # stdout's reader left (`| head`): stop quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not raise again
+        return 141
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    # `warning: text` on stderr: the user needs the text, not the engine's source line
+    print(f"warning: {_one_line(str(message))}", file=file or sys.stderr)
 
 
 def _one_line(message: str) -> str:

@@ -1,17 +1,17 @@
 """`chat`'s answer: streamed to stdout and saved as one turn in the chat store as it grows.
 
 The question and an empty answer are written together before the first token; the answer is
-checkpointed at most once a second and finished with its mark in one transaction. SIGINT and
-SIGTERM (raised as KeyboardInterrupt by engine.cli) save the text printed so far, marked
-"interrupted"; the answer line and any prefill progress line are ended first, so the CLI's
-"interrupted" stands on its own line.
+checkpointed at most once a second and finished with its mark in one transaction. Any exception
+while the answer streams (SIGINT and SIGTERM, raised as KeyboardInterrupt by engine.cli, a
+UserError, a bug) saves the text printed so far, marked "interrupted"; an answer that printed
+nothing leaves no turn at all (and no chat, if it was made for this question). The answer line and
+any prefill progress line are ended first, so the CLI's "interrupted" stands on its own line.
 """
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Sequence
 
-from engine.errors import UserError
 from engine.events import DocumentText, Finished, PrefillProgress, TokenText
 
 
@@ -42,10 +42,14 @@ class AnswerPrinter:
             print(f"\rprefill {event.done}/{event.total} (+{event.reused} reused)", end="", file=sys.stderr, flush=True)
 
     def end_lines(self) -> None:
-        """End the answer's line on stdout and the progress line on stderr."""
+        """End the answer's line on stdout and the progress line on stderr (a closed stdout, e.g. a
+        pipe whose reader left, is let be: the answer still has to be saved)."""
         self._end_progress()
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            pass
 
     def _end_progress(self) -> None:
         if self._progress_open:
@@ -87,23 +91,26 @@ def stream_turn(events: Iterable, printer: AnswerPrinter, store, chat_id: int | 
             state = "done" if final.reason.value in ("eos", "stop", "length") else "stopped"
             turn.finish(final.text, state=state, stats=stats_of(final, chat_id),
                         level_spans=_fit_spans(printer.spans, final.text))
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl+C, SIGTERM, a UserError or a bug: keep what printed, nothing else
         printer.end_lines()
         if turn is not None and not turn.finished:
-            turn.finish(printer.text, state="interrupted", stats={"partial": True}, level_spans=printer.spans)
+            _drop_or_keep_partial(store, turn, printer, chat_id if created else None)
         raise
-    except UserError:
-        printer.end_lines()
-        if turn is not None and not turn.finished:
-            if printer.text:
-                turn.finish(printer.text, state="interrupted", stats={"partial": True}, level_spans=printer.spans)
-            elif created:
-                store.delete_chat(chat_id)  # nothing came out of a chat made for this question
-            else:
-                turn.discard()
-        raise
+    if turn is not None and not turn.finished:  # the events ended without an answer's end
+        _drop_or_keep_partial(store, turn, printer, chat_id if created else None)
     printer.end_lines()
     return final, chat_id
+
+
+def _drop_or_keep_partial(store, turn, printer: AnswerPrinter, created_chat: int | None) -> None:
+    """An answer cut off by any exception: what printed is kept, marked "interrupted"; one that
+    printed nothing leaves no turn (and no chat, when the chat was made for this question)."""
+    if printer.text:
+        turn.finish(printer.text, state="interrupted", stats={"partial": True}, level_spans=printer.spans)
+    elif created_chat is not None:
+        store.delete_chat(created_chat)
+    else:
+        turn.discard()
 
 
 def _fit_spans(spans: Sequence[tuple[int, int, int]], text: str) -> list[tuple[int, int, int]]:

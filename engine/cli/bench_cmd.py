@@ -6,6 +6,7 @@ import json
 import sys
 import time
 
+from engine.cli import validate as v
 from engine.cli.chat_cmd import add_decode_arguments, build_settings
 from engine.errors import InvalidSettingError
 from engine.settings import MODES
@@ -16,9 +17,9 @@ ALL_METHODS = MODES + ("hf", "hf-lookup", "llama.cpp")
 def register(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="time every decoding method on the same prompt")
     parser.add_argument("--doc", default=None, help="text to use (default: the bundled sample play)")
-    parser.add_argument("--context", default="8192",
+    parser.add_argument("--context", type=v.integer_list(64, 2**31 - 1, "tokens"), default="8192",
                         help="context tokens; a comma-separated list gives the speedup curve, e.g. 1024,2048,4096,8192")
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=v.integer(1, 2**31 - 1, "tokens"), default=64)
     parser.add_argument("--methods", default="auto,ar,triforce,draft-only,retrieval-only,hf,llama.cpp",
                         help=f"comma-separated, any of {','.join(ALL_METHODS)} (llama.cpp: when llama-cpp-python's "
                              "venv exists, see ../shared/tools/build-llama-cpp-python.sh)")
@@ -26,14 +27,14 @@ def register(subparsers) -> None:
                         help="continue a passage (PG-19 setting), answer a question about it, both, or reopen: "
                              "time to first token on a document with and without its prefill snapshot, or passages: "
                              "time to first token on a whole play answered from its most relevant passages")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--max-steal", type=float, default=None, metavar="PERCENT",
+    parser.add_argument("--repeats", type=v.integer(1, 10_000), default=2)
+    parser.add_argument("--max-steal", type=v.real(0, 99, "per cent"), default=None, metavar="PERCENT",
                         help="set aside and re-run a repeat during which the host (hypervisor) stole more than "
                              "PERCENT of the CPU, at most --repeats extra times (Linux guests; default: keep all)")
     parser.add_argument("--interleave", default="step", choices=("step", "answer"),
                         help="step (default): our methods answer side by side, each in its own session, asked for "
                              "tokens in turn, so a slow spell of the host hits them alike; answer: one answer after "
-                             "another in one session (the benches before 2026-12-05)")
+                             "another in one session")
     parser.add_argument("--json", metavar="OUT", default=None)
     add_decode_arguments(parser)
     parser.set_defaults(func=run)
@@ -42,21 +43,16 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.tools.bench import Peers, format_report, run_bench
     from engine.tools.peers import gguf_for
-    from engine.api import Engine
+    from engine.api import Engine, check_device, read_document
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         raise InvalidSettingError(f"unknown method(s) {', '.join(unknown)}: use any of {', '.join(ALL_METHODS)}")
-    if args.max_steal is not None and not 0 <= args.max_steal < 100:
-        raise InvalidSettingError(f"--max-steal {args.max_steal}: give a share of the CPU in per cent, 0 to 99")
-    try:
-        contexts = [int(c) for c in args.context.split(",")]
-    except ValueError as exc:
-        raise InvalidSettingError(f"--context {args.context!r}: give token counts like 8192 or 1024,2048") from exc
+    contexts = args.context  # whole numbers from 64 up (validate.integer_list)
+    build_settings(argparse.Namespace(**{**vars(args), "max_new_tokens": args.new_tokens}), max(contexts))
+    check_device(args.device)  # every flag checked before the model loads
     if args.doc:
-        from engine.documents import read_document
-
         text = read_document(args.doc).text
     else:
         from engine.tools.sample_text import sample_text

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import sys
 
+from engine.cli import validate as v
 from engine.errors import InvalidSettingError, ModelFormatError
 from engine.events import ChatMessage, DocumentText, Finished
 from engine.settings import (
@@ -28,7 +29,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=int, default=16, help="tokens per retrieval chunk")
     parser.add_argument("--gamma1", type=int, default=None, help="tokens L0 drafts per L1 check")
     parser.add_argument("--gamma2", type=int, default=None, help="tokens L1 drafts per L2 check")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    parser.add_argument("--device", type=v.device, default="auto", help="auto, cpu, cuda, cuda:1 ...")
     parser.add_argument("--weights", default="file", choices=("file", "float32"),
                         help="on the CPU, a GGUF model runs its own 4/8-bit blocks (file, default) or the float32 "
                              "conversion (float32: slower, the oracle the file's blocks are tested against)")
@@ -39,7 +40,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
 
 def default_budget(context_tokens: int, chunk: int) -> int:
     """The retrieval budget when none is given: ~1/8 of the context, a whole number of chunks, at
-    least two chunks and at most 4096 tokens (the CLI, the bench and the notes' A/B scripts)."""
+    least two chunks and at most 4096 tokens (the CLI and the bench)."""
     return max(2 * chunk, min(4096, (context_tokens // 8) // chunk * chunk))
 
 
@@ -87,21 +88,22 @@ def register(subparsers) -> None:
     parser.add_argument("--ask", required=True, help="the question")
     parser.add_argument("--doc", action="append", default=[], help="a document to ask about (repeatable)")
     parser.add_argument("--system", default=None, help="system prompt")
-    parser.add_argument("--chat", type=int, default=None, help="continue stored chat ID (see `main.py chats`)")
+    parser.add_argument("--chat", type=v.ROW_ID, default=None, help="continue stored chat ID (see `main.py chats`)")
     parser.add_argument("--no-save", action="store_true", help="do not keep this chat in the chat store")
     parser.add_argument("--no-snapshot", action="store_true", help="neither use nor save prefilled-book snapshots")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=v.integer(1, 2**31 - 1, "tokens"), default=256)
     fallback = FALLBACK_SAMPLING
-    parser.add_argument("--temperature", type=float, default=None,
+    parser.add_argument("--temperature", type=v.temperature, default=None,
                         help=f"0 = greedy (default: the model's recommended, from its generation_config.json, "
                              f"else {fallback.temperature})")
-    parser.add_argument("--top-p", type=float, default=None, help=f"default: the model's, else {fallback.top_p}")
+    parser.add_argument("--top-p", type=v.real(v.MIN_TOP_P, 1.0), default=None,
+                        help=f"default: the model's, else {fallback.top_p}")
     parser.add_argument("--top-k", type=int, default=None, help=f"0 = off (default: the model's, else {fallback.top_k})")
     parser.add_argument("--presence-penalty", type=float, default=None,
                         help=f"lower the logit of a token already in the answer, -2 to 2 (default {DEFAULT_PRESENCE_PENALTY})")
     parser.add_argument("--frequency-penalty", type=float, default=None,
                         help=f"... by this per occurrence, -2 to 2 (default {DEFAULT_FREQUENCY_PENALTY}; 0 = off)")
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--seed", type=v.SEED, default=None, help=f"sampling seed, 0 to {v.SEED_MAX}")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--stats", action="store_true", help="print one JSON object of statistics to stderr")
     parser.add_argument("--progress", action="store_true", help="show prefill progress on stderr")
@@ -128,12 +130,13 @@ def _load_conversation(args, store):
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.api import ChatStore, Engine
+    from engine.api import ChatStore, Engine, check_device, check_writable
 
-    if args.max_new_tokens < 1:
-        raise InvalidSettingError(f"--max-new-tokens {args.max_new_tokens} is out of range: use 1 or more")
     build_settings(args, 1 << 16)  # every flag checked in a blink, before torch or a tokenizer loads
-    store = None if (args.no_save and args.chat is None) else ChatStore()
+    saving = not (args.no_save and args.chat is None)
+    check_writable(chats=saving, snapshots=not args.no_snapshot)  # a read-only home fails now, not after a prefill
+    check_device(args.device)
+    store = ChatStore() if saving else None
     chat_id, history, documents, new_docs = _load_conversation(args, store) if store else (None, [], [], [])
     if not store:
         from engine.api import read_document

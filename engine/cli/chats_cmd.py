@@ -12,16 +12,17 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from engine.store.chats import ChatStore, ChatSummary
+from engine.api import ChatStore, ChatSummary
+from engine.cli import validate as v
 from engine.errors import StoreError
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("chats", help="list stored chats, or export one as Markdown or JSON")
     parser.add_argument("--search", metavar="TEXT", help="only chats whose title or messages contain TEXT")
-    parser.add_argument("--export", metavar="ID", type=int, help="export the chat with this id")
+    parser.add_argument("--export", metavar="ID", type=v.ROW_ID, help="export the chat with this id")
     parser.add_argument("--format", choices=("md", "json"), default="md", help="export format (default: md)")
-    parser.add_argument("--out", metavar="FILE", type=Path, help="write the export to FILE instead of stdout")
+    parser.add_argument("--out", metavar="FILE", type=v.text, help="write the export to FILE instead of stdout")
     parser.add_argument("--with-documents", action="store_true", help="JSON export: include the documents' text")
     parser.set_defaults(func=run)
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         sys.stdout.write(text)
     else:
-        _write(args.out, text)
+        _write(Path(args.out), text)
         print(f"wrote chat {args.export} to {args.out}", file=sys.stderr)
     return 0
 

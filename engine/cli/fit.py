@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from engine.decoding.passage_fit import FITS, FitResult, fit_prompt
+from engine.api import FITS, FitResult, fit_prompt, load_tokenizer, text_sha256
 from engine.events import ChatMessage, DocumentText
 
 
@@ -35,9 +35,7 @@ def document_fits(args: argparse.Namespace, store, chat_id: int | None, stored: 
 def fit_conversation(args: argparse.Namespace, folder, messages: Sequence[ChatMessage],
                      documents: Sequence[DocumentText], fits: Sequence[str], max_context: int) -> FitResult:
     """The documents as they go into the prompt; raises ContextOverflowError (one line) when they cannot fit."""
-    from engine.model.loading import load_tokenizer
-
-    tokenizer = load_tokenizer(folder.path)  # only the tokenizer: refuse before any weight is read
+    tokenizer = load_tokenizer(folder)  # only the tokenizer: refuse before any weight is read
     return fit_prompt(tokenizer, messages, documents, fits, args.system, max_context, args.max_new_tokens)
 
 
@@ -45,8 +43,6 @@ def remember_fits(store, chat_id: int, documents: Sequence[DocumentText], fits: 
     """Keep each document's fit with the chat (documents already added to it)."""
     if not hasattr(store, "set_document_fit"):
         return
-    from engine.documents import text_sha256
-
     for doc, fit in zip(documents, fits):
         store.set_document_fit(chat_id, text_sha256(doc.text), fit)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.errors import InvalidSettingError
+from engine.cli import validate as v
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -13,9 +13,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "bandwidth, CPU attention on the host, L1/L2 forwards at 32K and 128K eager and "
                                           "CUDA-graphed, offloaded verification stream-only vs hybrid vs on-chip, draft "
                                           "step, composed TriForce vs AR ms/token, the paper's setting modelled.")
-    p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (tiny shapes: exercises the code)")
+    p.add_argument("--device", type=v.device, default="cuda",
+                   help="cuda (default), cuda:N, or cpu (tiny shapes: exercises the code)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions and shorter contexts (16K, 32K)")
-    p.add_argument("--contexts", default=None, help="comma-separated context lengths, e.g. 32768,131072")
+    p.add_argument("--contexts", type=v.integer_list(64, 2**31 - 1, "tokens"), default=None,
+                   help="comma-separated context lengths, e.g. 32768,131072")
     p.add_argument("--json", metavar="OUT", default=None, help="also write the results as JSON to OUT")
     p.set_defaults(func=run)
 
@@ -23,16 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from engine.api import check_device
     from engine.tools.gpu_check import format_table, run_check, write_json
 
-    contexts = None
-    if args.contexts:
-        try:
-            contexts = tuple(int(x) for x in args.contexts.split(","))
-        except ValueError as exc:
-            raise InvalidSettingError(f"--contexts {args.contexts!r} is not a comma-separated list of integers") from exc
-        if any(c < 64 for c in contexts):
-            raise InvalidSettingError("--contexts: each context must be at least 64 tokens")
+    check_device(args.device)
+    contexts = tuple(args.contexts) if args.contexts else None
     result = run_check(args.device, args.quick, contexts, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(format_table(result))
     if args.json:

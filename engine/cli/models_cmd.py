@@ -8,9 +8,9 @@ import argparse
 import json
 import sys
 
-from engine.store import models as model_store
+from engine.api import (BUNDLED_ID, PRESETS, Engine, bundled_dir, bundled_gguf_path, is_bundled_converted,
+                        list_local_models)
 from engine.errors import ModelNotFoundError
-from engine.store.presets import BUNDLED_ID, PRESETS
 
 
 def register(subparsers) -> None:
@@ -37,18 +37,18 @@ def run(args: argparse.Namespace) -> int:
 
 def collect() -> dict:
     """Everything `models` shows, as plain JSON-ready data."""
-    local = model_store.list_local_models()
+    local = list_local_models()
     local_ids = {m.model_id for m in local}
     try:
-        gguf = str(model_store.bundled_gguf_path())
+        gguf = str(bundled_gguf_path())
     except ModelNotFoundError:
         gguf = None
     return {
         "bundled": {
             "model_id": BUNDLED_ID,
             "gguf": gguf,
-            "converted": model_store.is_bundled_converted(),
-            "path": str(model_store.bundled_dir()),
+            "converted": is_bundled_converted(),
+            "path": str(bundled_dir()),
         },
         "presets": [
             {
@@ -98,7 +98,7 @@ def _resolve(spec: str, as_json: bool) -> int:
         pct = f" {fraction * 100:3.0f}%" if fraction is not None else ""
         print(f"{message}{pct}", file=sys.stderr, flush=True)
 
-    folder = model_store.resolve_model(spec, progress=progress)
+    folder = Engine.resolve(spec, progress=progress)
     if as_json:
         record = {k: str(v) for k, v in vars(folder).items()}
         print(json.dumps(record, indent=2))

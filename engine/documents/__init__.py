@@ -78,6 +78,7 @@ def read_document(path: str | os.PathLike, max_bytes: int = MAX_BYTES, progress=
                             "drive or removable disk, copy it to a local folder and try again.") from None
     if not text:
         raise DocumentError(f'"{path.name}" contains no text. Open a document with text in it.')
+    size = size or len(text.encode("utf-8", "surrogatepass"))  # a /proc file's size is what it held
     meta = {"format": fmt, "bytes": size, "sha256": text_sha256(text), "chars": len(text), **extra}
     return DocumentText(title=title or _stem_title(path), text=text, source=str(path.absolute()), meta=meta)
 
@@ -107,9 +108,17 @@ def _checked_size(path: Path, max_bytes: int) -> int:
         raise DocumentError(f'"{path.name}" is not a regular file (a device or pipe?). Open a document file.')
     if st.st_size > max_bytes:
         raise size_error(path, st.st_size, max_bytes)
-    if st.st_size == 0:
+    if st.st_size == 0 and not _has_bytes(path):  # /proc and /sys files report 0 bytes but have text: read them
         raise DocumentError(f'"{path.name}" is empty (0 bytes). Open a document with text in it.')
     return st.st_size
+
+
+def _has_bytes(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return bool(fh.read(1))
+    except OSError as exc:
+        raise DocumentError(f'"{path}" cannot be read ({exc.strerror or exc}). Check the path and try again.') from None
 
 
 def _folder_error(path: Path) -> DocumentError:

@@ -14,6 +14,7 @@ all-reduces per layer. Both are computed; the lower end-to-end floor wins.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from engine.errors import (ContextOverflowError, IncompatibleDraftError, InvalidSettingError,
                            OutOfMemoryPlanError)
@@ -61,11 +62,14 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
     """
     spec = devices if isinstance(devices, DeviceSpec) else device_spec(devices)
     if cpu_attn_gbps is not None:
+        if not math.isfinite(cpu_attn_gbps):
+            raise InvalidSettingError(f"CPU attention bandwidth {cpu_attn_gbps} GB/s is not finite: "
+                                      "use 0 (stream only) or more")
         if cpu_attn_gbps < 0:
             raise InvalidSettingError(f"CPU attention bandwidth {cpu_attn_gbps} GB/s is negative: use 0 (stream only) or more")
         spec = dataclasses.replace(spec, cpu_attn_gbps=cpu_attn_gbps)
     settings.validate()
-    _check_inputs(target, draft, context_tokens, settings, spec)
+    _check_inputs(target, draft, context_tokens, settings, spec, headroom_bytes)
     if settings.mode in ("ar", "retrieval-only"):
         draft = None
     dtype = dtype_bytes or (2 if spec.gpus else 4)
@@ -136,7 +140,7 @@ def _tuned(lay: Layout, sizes, spec: DeviceSpec, target: ModelShape, settings: D
 
 
 def _check_inputs(target: ModelShape, draft: ModelShape | None, context_tokens: int,
-                  settings: DecodeSettings, spec: DeviceSpec) -> None:
+                  settings: DecodeSettings, spec: DeviceSpec, headroom_bytes: int = 0) -> None:
     if context_tokens < 1:
         raise InvalidSettingError(f"context of {context_tokens} tokens is out of range: use 1 or more")
     if context_tokens > target.max_context:
@@ -156,6 +160,9 @@ def _check_inputs(target: ModelShape, draft: ModelShape | None, context_tokens: 
                 f"draft window of {window} tokens exceeds {draft.name}'s maximum of {draft.max_context}:"
                 f" use a draft window under {draft.max_context - (window - settings.draft_window)}")
     for i, gpu in enumerate(spec.gpus):
+        if not 0 <= headroom_bytes < gpu.total_bytes:  # a headroom past the card leaves "negative" memory
+            raise InvalidSettingError(f"a headroom of {headroom_bytes / GiB:g} GiB does not fit cuda:{i} ({gpu.name}, "
+                                      f"{gpu.total_bytes / GiB:g} GiB): use less than the card holds")
         if gpu.free_bytes <= 0:
             raise OutOfMemoryPlanError(f"cuda:{i} ({gpu.name}) reports 0 bytes free: close what holds it or pick other devices")
     if spec.ram_available_bytes <= 0:

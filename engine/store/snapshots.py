@@ -131,11 +131,12 @@ class SnapshotStore:
                 os.fsync(fh.fileno())  # the rename must never expose a file whose bytes are not on disk
             os.replace(temp, target)
         except OSError as exc:
-            temp.unlink(missing_ok=True)
+            _drop_temp(temp)
             raise StoreError(f"Cannot save the prefilled-book snapshot in {self.root} ({exc.strerror or exc}). "
-                             "Free disk space or lower the snapshot cache size in the settings.") from exc
+                             "Free disk space, lower the snapshot cache size (the app's settings) or turn "
+                             "snapshots off (--no-snapshot).") from exc
         except BaseException:
-            temp.unlink(missing_ok=True)
+            _drop_temp(temp)
             raise
         self._drop_prefixes_of(model_key, token_ids, keep=target)
         self.evict(keep=target)
@@ -431,6 +432,15 @@ def _read_header(path: Path) -> tuple[dict, dict[str, tuple[int, int]]]:
 def _touch(path: Path) -> None:
     try:
         os.utime(path)  # mtime = last use, for LRU eviction
+    except OSError:
+        pass
+
+
+def _drop_temp(temp: Path) -> None:
+    # after a failed save: on a full or read-only disk removing the temp file may fail too, and
+    # must not hide why the save failed (a stale temp is removed at the next start)
+    try:
+        temp.unlink(missing_ok=True)
     except OSError:
         pass
 

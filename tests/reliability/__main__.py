@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_table:
             print("bad inputs (each a fresh `main.py` process):", flush=True)
             started = time.monotonic()
-            tried, clean = run_table(make_files(root / "inputs", model), quick=args.quick,
-                                     report=lambda line: print(line, flush=True))
-            print(f"bad inputs tried {tried} / clean {clean} ({time.monotonic() - started:.0f} s)", flush=True)
+            table = run_table(make_files(root / "inputs", model), quick=args.quick,
+                              report=lambda line: print(line, flush=True))
+            print(f"{table.line()} ({time.monotonic() - started:.0f} s)", flush=True)
         if args.kills:
             print(f"kill -9 loop ({args.kills} kills, seed {args.seed}):", flush=True)
             started = time.monotonic()
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{counts.line()} ({time.monotonic() - started:.0f} s)", flush=True)
             if counts.corrupt or counts.lost or counts.orphans:
                 return 1
-        return 0 if args.no_table or clean == tried else 1
+        table_ok = args.no_table or (table.clean == table.tried and not (table.tracebacks or table.junk or table.lost))
+        return 0 if table_ok else 1
 
 
 if __name__ == "__main__":

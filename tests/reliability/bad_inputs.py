@@ -2,18 +2,25 @@
 
 Clean means: exit code 2 and exactly one line on stderr, starting `error:` (no traceback, no
 library's own warning before it). A few inputs are not errors but odd files we read anyway;
-those must exit 0 and say what we did in one `note:` line.
+those must exit 0 and say what we did in one `note:` line (or, for a snapshot that cannot be
+saved, one `warning:` line), and a special file like /proc/cpuinfo is read with nothing to say.
+Lines main.py's venv set-up prints (`[setup] ...`) are left out of the judgement. The app home
+starts with one chat of one answered question; afterwards it must hold exactly that:
+a failed answer leaves no junk turn, and no case loses a stored message.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.reliability import sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,8 +30,11 @@ class Case:
     name: str
     argv: Callable[["Files"], list[str]]  # the command line, given the prepared files
     env: Callable[["Files"], dict[str, str]] = lambda f: {}
-    expect: str = "error"  # "error": exit 2 + one `error:` line; "note": exit 0 + a `note:` line
+    expect: str = "error"  # "error": exit 2 + one `error:` line; "note"/"warning": exit 0 + one such line;
+    # "ok": exit 0, nothing on stderr but the answer's notes
     quick: bool = False  # part of the small version run by the test suite
+    wrap: Callable[["Files"], list[str] | None] | None = None  # a command prefix (sandbox); None from it: skipped
+    applies: Callable[[], bool] = lambda: True  # False: the input is not bad on this machine (skipped)
 
 
 @dataclass
@@ -78,7 +88,52 @@ def make_files(root: Path, model: Path) -> Files:
     p["empty_txt"].write_bytes(b"")
     p["gguf"] = root / "broken.gguf"
     p["gguf"].write_bytes(b"GGUF" + os.urandom(2000))
+    for name, weights in (("random_weights", os.urandom(100_000)),  # safetensors of random bytes
+                          ("huge_header", struct.pack("<Q", 2**62) + b"{}")):  # a header length past the file
+        folder = root / f"model-{name.replace('_', '-')}"
+        shutil.copytree(model, folder, dirs_exist_ok=True)
+        (folder / "model.safetensors").write_bytes(weights)
+        p[name] = folder
+    p["book"] = root / "book.md"  # long enough (over 1,024 tokens) for its prefill to be snapshotted
+    p["book"].write_text((REPO / "resources" / "sample" / "hamlet.md").read_text(encoding="utf-8")[:8000],
+                         encoding="utf-8")
+    (p["home"] / "snapshots").mkdir(parents=True, exist_ok=True)  # the full-disk case mounts over it
+    p["ro_home"] = root / "read-only-home"
+    _home_with_one_chat(p["ro_home"])
+    (p["ro_home"] / "snapshots").mkdir()  # a home used before: everything there, nothing writable
+    _home_with_one_chat(p["home"])
     return files
+
+
+KEPT = ("Which play is this?", "Hamlet.")  # the one turn every app home starts with
+
+
+def _home_with_one_chat(home: Path) -> None:
+    from engine.store.chats import ChatStore
+
+    store = ChatStore(home / "chats.sqlite3")
+    chat = store.create_chat("kept", model_spec="bundled")
+    store.begin_turn(chat.id, KEPT[0]).finish(KEPT[1])
+    store.close()
+
+
+def check_home(home: Path) -> tuple[int, int]:
+    """(junk turns, lost messages) in an app home that started as _home_with_one_chat made it."""
+    from engine.store.chats import ChatStore
+
+    store = ChatStore(home / "chats.sqlite3")
+    try:
+        messages = [m for chat in store.list_chats() for m in store.messages(chat.id)]
+    finally:
+        store.close()
+    kept = [m for m in messages if (m.text, m.state) in ((KEPT[0], "done"), (KEPT[1], "done"))]
+    return sum(m.role == "user" for m in messages) - sum(m.role == "user" for m in kept), 2 - len(kept)
+
+
+def _no_cuda() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def _chat(*extra: str, model: str | None = None) -> Callable[[Files], list[str]]:
@@ -119,9 +174,43 @@ CASES: tuple[Case, ...] = (
     Case("--doc a folder", lambda f: _chat("--doc", str(f.root))(f)),
     Case("--chat 999 (no such chat)", _chat("--chat", "999")),
     Case("chats --export 999", lambda f: ["chats", "--export", "999"]),
+    # the hostile inputs a new user tried (each was a traceback or a slow failure)
+    Case("chat --seed 2**64 under sampling, in chat 1",
+         _chat("--temperature", "0.7", "--seed", str(2**64), "--chat", "1"), quick=True),
+    Case("chat --seed -2**70", _chat("--temperature", "0.7", "--seed", str(-2**70))),
+    Case("chat --temperature 1e-300 (inf logits)", _chat("--temperature", "1e-300")),
+    Case("chat --top-p 1e-300 (0 in float32)", _chat("--temperature", "0.7", "--top-p", "1e-300")),
+    Case("chat --device cuda without CUDA", lambda f: [*_chat()(f)[:-2], "--device", "cuda"], applies=_no_cuda),
+    Case("chat --device bogus", lambda f: [*_chat()(f)[:-2], "--device", "bogus"], quick=True),
+    Case("--model safetensors of random bytes", lambda f: _chat(model=f["random_weights"])(f)),
+    Case("--model safetensors header of 2**62 bytes", lambda f: _chat(model=f["huge_header"])(f), quick=True),
+    Case("--draft safetensors header of 2**62 bytes", lambda f: _chat("--draft", f["huge_header"])(f)),
+    Case("chat --chat 2**70", _chat("--chat", str(2**70))),
+    Case("chats --export 2**70", lambda f: ["chats", "--export", str(2**70)]),
+    Case("chat --ask not UTF-8", lambda f: [*_chat()(f), "--ask", "hello \udcff\udcfe"]),
+    Case("plan --headroom-gib nan", lambda f: [*_plan(), "--headroom-gib", "nan"], quick=True),
+    Case("plan --headroom-gib inf", lambda f: [*_plan(), "--headroom-gib", "inf"]),
+    Case("plan --headroom-gib 1e30", lambda f: [*_plan("4090"), "--headroom-gib", "1e30"]),
+    Case("plan --headroom-gib 30 on a 24 GiB card", lambda f: [*_plan("4090"), "--headroom-gib", "30"]),
+    Case("plan --ram-gib nan", lambda f: [*_plan(), "--ram-gib", "nan"]),
+    Case("plan --ram-gib -5", lambda f: [*_plan(), "--ram-gib", "-5"]),
+    Case("plan --cpu-attn-gbps nan", lambda f: [*_plan("4090"), "--cpu-attn-gbps", "nan"]),
+    Case("bench --repeats 0", lambda f: ["bench", "--model", str(f.model), "--context", "256", "--new-tokens", "4",
+                                         "--methods", "ar", "--repeats", "0", "--device", "cpu"]),
+    Case("bench --context -5", lambda f: ["bench", "--model", str(f.model), "--context", "-5", "--device", "cpu"]),
+    Case("read-only app home", lambda f: _chat("--doc", f["book"], "--no-save")(f), env=lambda f: {"TRIFORCE_HOME": f["ro_home"]},
+         wrap=lambda f: sandbox.read_only(f.paths["ro_home"])),
     # read anyway, and say so
     Case("--doc latin-1 text with NUL bytes", lambda f: _chat("--doc", f["nul_latin1"], "--no-save")(f), expect="note"),
+    Case("--doc /proc/cpuinfo (a file that says it is empty)", lambda f: _chat("--doc", "/proc/cpuinfo", "--no-save")(f),
+         expect="ok", applies=lambda: os.path.isfile("/proc/cpuinfo")),
+    Case("full snapshot folder", lambda f: _chat("--doc", f["book"], "--no-save")(f), expect="warning",
+         wrap=lambda f: sandbox.full(f.root / "home" / "snapshots")),
 )
+
+
+def _plan(devices: str = "cpu") -> list[str]:
+    return ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--context", "4096", "--devices", devices]
 
 
 @dataclass(frozen=True)
@@ -130,31 +219,57 @@ class Outcome:
     clean: bool
     returncode: int
     stderr: str
+    skipped: bool = False
+
+
+@dataclass
+class TableCounts:
+    tried: int = 0
+    clean: int = 0
+    skipped: int = 0  # not bad on this machine, or no sandbox for it
+    tracebacks: int = 0
+    junk: int = 0  # turns a failed command left in the app home
+    lost: int = 0  # stored messages a command removed or changed
+
+    def line(self) -> str:
+        return (f"bad inputs tried {self.tried} / clean {self.clean} / skipped {self.skipped} / tracebacks "
+                f"{self.tracebacks} / junk turns {self.junk} / lost messages {self.lost}")
 
 
 def run_case(case: Case, files: Files, timeout: float = 300) -> Outcome:
     """Run one case in a fresh process with its own app home; judge it."""
+    prefix = case.wrap(files) if case.wrap else []
+    if prefix is None or not case.applies():
+        return Outcome(case, False, 0, "", skipped=True)
     env = {**os.environ, "TRIFORCE_HOME": str(files.root / "home"), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", **case.env(files)}
-    run = subprocess.run([sys.executable, str(REPO / "main.py"), *case.argv(files)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=timeout)
-    lines = run.stderr.splitlines()
+    run = subprocess.run([*prefix, sys.executable, str(REPO / "main.py"), *case.argv(files)], cwd=REPO, env=env,
+                         capture_output=True, text=True, errors="replace", timeout=timeout)
+    # main.py's own set-up lines (a venv being installed or brought up to date) are not the command's
+    lines = [line for line in run.stderr.splitlines() if not line.startswith("[setup] ")]
     if case.expect == "error":
         clean = run.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ")
+    elif case.expect == "ok":
+        clean = run.returncode == 0 and not any(line.startswith(("error", "warning", "Traceback")) for line in lines)
     else:
-        clean = run.returncode == 0 and sum(line.startswith("note: ") for line in lines) == 1 \
-            and not any(line.startswith(("error", "Traceback")) for line in lines)
+        clean = run.returncode == 0 and len(lines) == 1 and lines[0].startswith(f"{case.expect}: ")
     return Outcome(case, clean, run.returncode, run.stderr)
 
 
-def run_table(files: Files, quick: bool = False, report=print) -> tuple[int, int]:
-    """Run the table (only the quick cases with quick=True); returns (tried, clean)."""
-    cases = [c for c in CASES if c.quick or not quick]
-    clean = 0
-    for case in cases:
+def run_table(files: Files, quick: bool = False, report=print) -> TableCounts:
+    """Run the table (only the quick cases with quick=True), then check the app home."""
+    counts = TableCounts()
+    for case in [c for c in CASES if c.quick or not quick]:
         outcome = run_case(case, files)
-        clean += outcome.clean
+        if outcome.skipped:
+            counts.skipped += 1
+            report(f"  skipped    {case.name}  (not bad here, or no sandbox for it)")
+            continue
+        counts.tried += 1
+        counts.clean += outcome.clean
+        counts.tracebacks += "Traceback" in outcome.stderr
         first = outcome.stderr.strip().splitlines()[:1] or [""]
         report(f"  {'clean' if outcome.clean else 'NOT CLEAN'}  {case.name}  (exit {outcome.returncode}): "
                f"{first[0][:110]}" + ("" if outcome.clean else f"\n{outcome.stderr[-2000:]}"))
-    return len(cases), clean
+    counts.junk, counts.lost = check_home(files.root / "home")
+    return counts
