@@ -1,7 +1,7 @@
 """TriForce Chat entry point.
 
     python3 main.py               start the desktop app
-    python3 main.py test [args]   run the test suite (pytest + the import-linter contract)
+    python3 main.py test [args]   run the test suite (pytest + import-linter + ruff)
     python3 main.py <command>     chat, bench, plan, models, ... (see --help)
 
 The top half is stdlib-only: run with any Python >= 3.11, it creates `.venv` next to this file,
@@ -152,7 +152,7 @@ def test_workers(extra: list[str]) -> list[str]:
 
 
 def run_tests(extra: list[str]) -> int:
-    """pytest over the whole suite, then the import-linter contract; fails if either fails."""
+    """pytest over the whole suite, then the import-linter contracts and ruff; fails if any fails."""
     env = dict(os.environ)
     env.setdefault("QT_QPA_PLATFORM", "offscreen")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -160,11 +160,12 @@ def run_tests(extra: list[str]) -> int:
     if pytest_rc == 5:
         print("test: pytest collected no tests: that counts as a failure", file=sys.stderr)
     lint_rc = subprocess.call([str(_venv_tool("lint-imports"))], cwd=ROOT, env=env)
-    failed = [name for name, rc in (("pytest", pytest_rc), ("lint-imports", lint_rc)) if rc != 0]
+    ruff_rc = subprocess.call([str(_venv_tool("ruff")), "check", "."], cwd=ROOT, env=env)  # rules: pyproject
+    failed = [name for name, rc in (("pytest", pytest_rc), ("lint-imports", lint_rc), ("ruff", ruff_rc)) if rc != 0]
     if failed:
         print(f"test: FAILED ({', '.join(failed)})", file=sys.stderr)
-        return pytest_rc or lint_rc
-    print("test: all passed (pytest + lint-imports)", file=sys.stderr)
+        return pytest_rc or lint_rc or ruff_rc
+    print("test: all passed (pytest + lint-imports + ruff)", file=sys.stderr)
     return 0
 
 
