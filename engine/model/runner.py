@@ -227,9 +227,9 @@ class LlamaRunner:
     @staticmethod
     def _pack_for_cpu(weight: torch.Tensor) -> torch.Tensor | None:
         """oneDNN-prepacked copy of the vocabulary projection for float32 on the CPU: the stock
-        matmul repacks big matrices on every multi-token call (verification): at 5 tokens the
-        vocabulary projection ran 2.3x and the gate/up projection 3x slower than prepacked on a
-        2-core x86 CPU. None where oneDNN is unavailable."""
+        matmul repacks big matrices on every multi-token call (verification), which costs more than
+        the product itself for the vocabulary and gate/up projections. None where oneDNN is
+        unavailable."""
         if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
             return None
         try:

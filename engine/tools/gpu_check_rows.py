@@ -120,7 +120,7 @@ def measure_long_compute(target, timer: "Timer", full, off, held: int, pinned_gb
     """The double buffer where compute is long enough to hide behind: one prefill chunk (the
     session's CUDA chunk, 2048 tokens; 32 on the CPU) attending over the whole held prefix, with
     every layer's KV offloaded (prefetch vs serial) and on-chip. A decode-sized verification
-    computes ~0.5 ms per layer against ~10 ms of copy at 128K, so there is little to hide there;
+    computes far less per layer than its copy takes at long contexts, so there is little to hide there;
     a long document's prefill chunk computes about as long as the copy."""
     from engine.decoding.session import prefill_chunk_for
 
