@@ -1,7 +1,7 @@
 """TriForce Chat entry point.
 
     python3 main.py               start the desktop app
-    python3 main.py test [args]   run the test suite (pytest + the import-linter contract)
+    python3 main.py test [args]   run the test suite (pytest + import-linter + ruff)
     python3 main.py startup-time  time the window's first paint, the model's arrival and quitting
     python3 main.py <command>     chat, bench, plan, models, ... (see --help)
 
@@ -153,7 +153,7 @@ def test_workers(extra: list[str]) -> list[str]:
 
 
 def run_tests(extra: list[str]) -> int:
-    """pytest over the whole suite, then the import-linter contract; fails if either fails."""
+    """pytest over the whole suite, then the import-linter contracts and ruff; fails if any fails."""
     env = dict(os.environ)
     env.setdefault("QT_QPA_PLATFORM", "offscreen")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -161,11 +161,12 @@ def run_tests(extra: list[str]) -> int:
     if pytest_rc == 5:
         print("test: pytest collected no tests: that counts as a failure", file=sys.stderr)
     lint_rc = subprocess.call([str(_venv_tool("lint-imports"))], cwd=ROOT, env=env)
-    failed = [name for name, rc in (("pytest", pytest_rc), ("lint-imports", lint_rc)) if rc != 0]
+    ruff_rc = subprocess.call([str(_venv_tool("ruff")), "check", "."], cwd=ROOT, env=env)  # rules: pyproject
+    failed = [name for name, rc in (("pytest", pytest_rc), ("lint-imports", lint_rc), ("ruff", ruff_rc)) if rc != 0]
     if failed:
         print(f"test: FAILED ({', '.join(failed)})", file=sys.stderr)
-        return pytest_rc or lint_rc
-    print("test: all passed (pytest + lint-imports)", file=sys.stderr)
+        return pytest_rc or lint_rc or ruff_rc
+    print("test: all passed (pytest + lint-imports + ruff)", file=sys.stderr)
     return 0
 
 

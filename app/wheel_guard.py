@@ -1,7 +1,7 @@
 """Sliders, spin boxes and combo boxes take the mouse wheel only when focused.
 
-Otherwise scrolling a panel changes whichever control passes under the pointer (gamma1 went
-from 4 to 1 that way). An unfocused control hands the wheel to the scroll area around it, which scrolls.
+Otherwise scrolling a panel changes whichever control passes under the pointer (a γ1 silently
+set to 1, say). An unfocused control hands the wheel to the scroll area around it, which scrolls.
 """
 from __future__ import annotations
 

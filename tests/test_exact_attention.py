@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig
 
 from engine.kv.attention import causal_mask, gqa_attention
-from engine.kv.exact_attention import CHUNK, MAX_ROWS, exact_gqa_attention, hidden_tail, padded_length, kernel_path
+from engine.kv.exact_attention import CHUNK, MAX_ROWS, exact_gqa_attention, hidden_tail, padded_length
 from engine.kv.exact_attention import BATCHED, ONE_ROW, ONE_ROW_CHUNKS, PAD_CANDIDATES, Plan, kernel_plan
 from engine.kv.full import FullCache
 from engine.kv.rope import Rotary, rotate

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import engine.decoding.speculative as speculative
-from engine.decoding.acceptance import penalty_counts, target_probs, verify
+from engine.decoding.acceptance import penalty_counts, target_probs
 from engine.decoding.drafters import ModelDrafter
 from engine.decoding.session import ChatSession
 from engine.decoding.speculative import HierarchicalDecoder

@@ -25,7 +25,7 @@ from engine.model.quant import (CACHE_FILE, DENSE_ABOVE, QuantWeight, cpu_prefil
                                 unpermute_rows, widened_for_prefill)
 from engine.settings import DecodeSettings
 from streams import answer_tokens
-from test_lossless import TINY_SETTINGS, assert_identical_or_near_tie
+from test_lossless import TINY_SETTINGS
 
 KINDS = ("Q4_0", "Q4_1", "Q8_0")
 # The native kernel is the oracle up to float32 sums (~1e-6, tests/test_native.py); where it cannot

@@ -36,11 +36,17 @@ def register(subparsers) -> None:
                              "tokens in turn, so a slow spell of the host hits them alike; answer: one answer after "
                              "another in one session")
     parser.add_argument("--json", metavar="OUT", default=None)
+    parser.add_argument("--report", nargs="+", metavar="GRID_JSON", default=None,
+                        help="print the targets read from grids that --json wrote (pooled over several), run nothing")
     add_decode_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.report:
+        from engine.tools.grid_report import print_report
+
+        return print_report(args.report)
     from engine.tools.bench import Peers, format_report, run_bench
     from engine.tools.peers import gguf_for
     from engine.api import Engine, check_device, read_document

@@ -148,7 +148,7 @@ def _stream(fh: BinaryIO, head: bytes, encoding: str, max_bytes: int, path: Path
 
 
 def _detect(path: Path, sample: bytes) -> str:
-    import charset_normalizer  # imported late: it costs ~50 ms and most files are UTF-8
+    import charset_normalizer  # imported late: its import is slow and most files are UTF-8
 
     # Cut at a line end so the sample does not end inside a multi-byte character.
     cut = sample.rfind(b"\n")

@@ -26,7 +26,7 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     CUDA: fused SDPA (flash / memory-efficient kernels) with GQA and a lower-right causal bias, so
     K/V are streamed once and never repeated or upcast. CPU: for decode/verification shapes the
     query heads of a KV group are folded into rows and two batched matmuls run (faster than SDPA's
-    CPU kernels there); prefill chunks use SDPA (3x faster at 256 x 8K).
+    CPU kernels there); prefill chunks use SDPA (faster for many query rows).
     """
     n_heads, new_tokens, dim = q.shape
     n_kv, total = k.shape[0], k.shape[1]

@@ -16,9 +16,9 @@ import time
 
 import torch
 
-MIN_BLOCK = 1024  # positions per block at least: 512-4096 measured within noise of each other (2-core Xeon)
-MAX_BLOCKS = 16  # ... and at most this many blocks: each costs ~12 torch calls (microseconds each), so at
-# 128K a fixed 1024 would spend ~10 ms per layer in dispatch; 16 blocks keep the fp32 scores of one
+MIN_BLOCK = 1024  # positions per block at least: big enough that per-block dispatch stays small
+MAX_BLOCKS = 16  # ... and at most this many blocks: each costs ~12 torch calls, so a fixed block size
+# would spend most of a long context's time in dispatch; 16 blocks keep the fp32 scores of one
 # block at [Hkv, G*T, S/16] (7 MB for Llama-3.1-8B at 128K, 7 new tokens)
 
 
@@ -41,7 +41,7 @@ def cpu_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: 
     compute = torch.bfloat16 if k.dtype == torch.bfloat16 else torch.float32  # bf16 x bf16, fp32 accumulate
     # [Hkv, D, G*T]: column r = (query head g of the group, new token t), r = g * T + t. Scores are
     # computed transposed, K block [B, D] @ [D, G*T]: K is read in its stored row-major layout
-    # (K^T as the right operand made oneDNN's bf16 matmul 5-8x slower on an AVX-512 Xeon).
+    # (oneDNN's bf16 matmul is much slower with K^T as the right operand).
     q_cols = (q.float() * dim ** -0.5).reshape(n_kv, rows, dim).transpose(1, 2).to(compute)
     prefix = total - new  # keys past the prefix are in the future of some new query: masked
     token_of_col = torch.arange(rows) % new  # [G*T]
@@ -52,7 +52,7 @@ def cpu_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: 
         stop = min(start + block, total)
         k_blk, v_blk = k[:, start:stop], v[:, start:stop]  # [Hkv, B, D]
         # [Hkv, G*T, B] fp32, made contiguous: torch's CPU amax over a non-last (or strided) dim
-        # was 20-40x slower than over the last one
+        # is far slower than over the last one
         scores = torch.bmm(k_blk, q_cols).transpose(1, 2).contiguous().float()
         if stop > prefix + 1:
             positions = torch.arange(start, stop)[None, :]  # [1, B]

@@ -2,8 +2,8 @@
 the forward, so verifying k drafted tokens in one forward gives exactly the logits that k
 one-token decoding steps give. That is what makes every speculative mode token-identical to plain
 decoding, not only "identical up to float rounding" (a rounding difference of 2^-24 in attention,
-widened by the bfloat16 activations of the quantized target to ~2^-9, did flip a near-tie after 19
-tokens at 8K context).
+widened by low-precision activations to ~2^-9, is enough to flip a near-tie within an answer at
+long contexts).
 
 Where ordinary attention loses it: the softmax sum and the probs @ V product reduce over all S
 keys, and a verification row (which sees S - T + i + 1 keys, with the rest masked) is reduced
@@ -17,15 +17,15 @@ with a different vector tail and a different BLAS blocking than the same row in 
   combined by a cumulative sum, a strictly left-to-right loop whose last entry cannot change when
   trailing all-zero chunks are appended.
 The assumption left is that the BLAS computes a row of a batched matmul the same whatever the
-number of rows (M), the row's place among them and the batch size. On an Intel Xeon (AVX-512, AMX)
-that held at every M with CHUNK = 256 (not with 1024). On an AMD EPYC (AVX-512, the same torch and
-MKL) a row's bits changed between M = 1, M = 2-3 and M >= 4, and a batch of one (a plain matmul)
-differed from larger batches; from 4 rows on, in batches of two or more, every row count, place
-and batch size gave the same bits. So the first call for an attention shape probes the machine
+number of rows (M), the row's place among them and the batch size. Some CPUs and BLAS builds keep a
+row's bits at every M (with CHUNK = 256, not 1024); on others a row's bits change between small
+row counts (M = 1, 2-3, >= 4 on some AVX-512 parts), and a batch of one (a plain matmul) differs
+from larger batches, while from a few rows on, in batches of two or more, every row count, place
+and batch size gives the same bits. So the first call for an attention shape probes the machine
 (`kernel_plan`, with every row count that shape can bring) and takes the first of three paths
 whose products it finds invariant:
 - BATCHED: the products above, all rows of a KV head at once, padded with zero rows to the fewest
-  rows from which products agree (1 on the Xeon, 4 on the EPYC: a one-token step of 3 query heads
+  rows from which products agree (1 or 4 on the CPUs tested: a one-token step of 3 query heads
   per KV head computes 4 rows); probs @ V over a single chunk runs as two chunks (one all zero);
 - ONE_ROW: every row its own one-row product, as a batch over a stride-0 view of the keys and
   values (no copy): scores over the padded keys, probs @ V over them too (p = 0 past the row's
@@ -41,9 +41,8 @@ bit, on the machine it runs on, for the path it picks and for ONE_ROW_CHUNKS, an
 probe's choice on data of its own.
 
 BATCHED reads every K/V byte once, as the plain kernel does. The one-row paths read a KV head's
-keys and values once per row (mostly from cache). On the EPYC, 30 layers of the bundled model's
-attention over 8,000 keys took 17.0 ms (one token) and 40.0 ms (five) padded and batched, against
-19.5 and 64.2 ms one row at a time (medians of 7).
+keys and values once per row (mostly from cache), so they are slower, more so for verification
+forwards of several rows; they are the fallbacks for machines where padding does not help.
 """
 from __future__ import annotations
 
@@ -93,7 +92,7 @@ def _scores_batched(q_rows: torch.Tensor, keys: torch.Tensor, padded: int) -> to
 def _chunk_products(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """probs [M, C, CHUNK] (one KV head's rows), values [>= C*CHUNK, D] -> [max(C, 2), M, D]: each
     chunk's probs @ V, a reduction over exactly CHUNK keys. One chunk is computed as two (the second
-    all zero): a batch of one ran a different kernel on the EPYC (plain matmul, other bits)."""
+    all zero): a batch of one may run a different kernel (a plain matmul, other bits)."""
     rows, n_chunks, _ = probs.shape
     chunks = values[:n_chunks * CHUNK].view(n_chunks, CHUNK, -1)  # [C, CHUNK, D]
     if n_chunks == 1:
@@ -153,7 +152,7 @@ def _one_row_products_invariant(dim: int, gen: torch.Generator) -> bool:
 def kernel_plan(dim: int, group: int = 1, n_kv: int = 2) -> Plan:
     """How exact_gqa_attention runs here for head size `dim`, `group` query heads per KV head and
     `n_kv` KV heads, probed once per shape (tens of ms): BATCHED with the fewest padded rows whose
-    batched products are row-invariant (1 on an Intel Xeon, 4 on an AMD EPYC), else ONE_ROW where
+    batched products are row-invariant (1 or 4 on the CPUs tested), else ONE_ROW where
     one-row products are invariant in the batch size and in trailing zero chunks, else
     ONE_ROW_CHUNKS (probs @ V invariant by construction, every product the same shape, but many
     small calls)."""

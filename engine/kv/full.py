@@ -24,8 +24,8 @@ class FullCache(KVCache):
     chunk size.
 
     `prefill_dtype` (the CPU target on the file's blocks: bfloat16): longer forwards, the prefill
-    chunks, attend in that dtype (SDPA; 2.1x faster than float32 over 8K keys, on 2 AVX-512 cores
-    with bf16 units), every decoding step staying float32. Prefill chunks are aligned the same way
+    chunks, attend in that dtype (SDPA; faster than float32 on a CPU with bf16 units), every
+    decoding step staying float32. Prefill chunks are aligned the same way
     whatever the cache held, so a prompt's bits stay one function of it.
 
     `kv_dtype` (the CPU runner with native kernels: float16): K/V are stored in that dtype, half

@@ -32,8 +32,8 @@ class RetrievalCache(KVCache):
         # each layer on the card that computes it (layer split); the full cache's own layers may
         # be elsewhere (offloaded to CPU memory): rebuild and sync copy from them
         self.layer_devices = list(getattr(full, "layer_devices", None) or [full.device] * full.n_layers)
-        # Where L2 attends through the native kernel (the CPU), so does L1 (2x faster than the batched
-        # matmuls at ~1K keys: 0.119 against 0.277 ms a layer for 2 tokens), over buffers padded
+        # Where L2 attends through the native kernel (the CPU), so does L1 (one pass over its K/V for
+        # all the rows, faster than batched matmuls over a small cache), over buffers padded
         # to its block of keys and stored as the full cache stores them (float16: copied exactly).
         rows = -(-self.capacity // native.BLOCK_KEYS) * native.BLOCK_KEYS
         self._native = (full.native_attention and all(torch.device(d).type == "cpu" for d in self.layer_devices)
@@ -126,14 +126,14 @@ class RetrievalCache(KVCache):
         self.synced_to = held
         self.rebuilds += 1
 
-    ROWS_PER_HEAD = True  # on the CPU: 22.7 against 26.0 ms a rebuild at 8K for one indexing per tensor
+    ROWS_PER_HEAD = True  # on the CPU: a row select per head is cheaper than one indexing per tensor
 
     def _copy_chunks(self, layer: int, k_full: torch.Tensor, v_full: torch.Tensor, top: torch.Tensor,
                      n_chunks: int) -> None:
         """Copy the chunks `top` [Hkv, K] (ascending, on the full cache's device) of each KV head into
         the first K * chunk slots of this layer. Each chunk is one row of chunk * D contiguous values,
-        so whole rows move (an element-wise gather with a [Hkv, budget, D] index took 0.2 ms a tensor
-        at 8K, 20 of a rebuild's 35 ms on a Zen 4; row copies took 19 ms in all): on the CPU a row
+        so whole rows move (an element-wise gather with a [Hkv, budget, D] index would dominate a
+        rebuild's time on the CPU): on the CPU a row
         select per head straight into the buffer, elsewhere one indexing per tensor (one launch)."""
         n_kv, row = k_full.shape[0], self.chunk * k_full.shape[2]
         body, keep = n_chunks * self.chunk, top.shape[1]

@@ -58,7 +58,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fast: bool | N
     checkpoints): x * cos + [x2, x1] * [-s1, s2], the same bits as x * cos + [-x2, x1] * [s1, s2]
     (a sign moves exactly), with one shift instead of two slices, a negation and a concatenation.
     `fast`: native.available(), when the caller looked it up once per forward (it reads the
-    environment: ~9 us, 60 calls a forward of the bundled model)."""
+    environment, and a forward calls this twice per layer)."""
     if fast is None:
         fast = native.available()
     if fast and x.dtype == torch.float32 and x.device.type == "cpu" and cos.dtype == torch.float32:

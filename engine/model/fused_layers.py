@@ -1,9 +1,9 @@
 """Decoding and verification forwards with each decoder layer in one native call (kernels.c
 `triforce_layer`).
 
-A one-token forward of the bundled model is 30 layers of about 25 torch ops and kernel calls each;
-at ~8 us of Python and dispatch apiece that was some 7 ms of a 17-25 ms forward on 2 cores (an L1
-forward at 4K: 24-25 ms in Python, 17-18 fused). Here a layer is one ctypes call running the same
+A one-token forward of the bundled model is 30 layers of about 25 torch ops and kernel calls each,
+and on a small CPU their Python and dispatch cost is a large share of the forward. Here a layer is
+one ctypes call running the same
 kernels in the same order, so the bits are LlamaRunner.forward's (a test compares them); the
 embedding lookup, the final norm and the vocabulary projection stay in Python. A drafting forward
 (draft=True, L1) takes the int16-activation matmul on the 4-bit blocks, as its Python layers do.

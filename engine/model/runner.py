@@ -72,7 +72,8 @@ class Architecture:
 
 
 @dataclass
-class _Layer:
+class LayerWeights:
+    """One decoder layer's weights, as the forward reads them (fused q|k|v and gate|up)."""
     attn_norm: torch.Tensor  # [hidden]
     wqkv: torch.Tensor  # [(Hq + 2 Hkv) * D, hidden]; this and wo, w_gate_up, w_down may be quant.QuantWeight
     bqkv: torch.Tensor | None  # [(Hq + 2 Hkv) * D]
@@ -182,11 +183,11 @@ class LlamaRunner:
             self.lm_head = lm_head.to(self.head_device, dtype)
         self._lm_head_packed = self._pack_for_cpu(self.lm_head)
         self._fused: FusedLayers | bool | None = None  # layers in one native call each (False: not taken)
-        self.layers: list[_Layer] = []
+        self.layers: list[LayerWeights] = []
         for i in range(arch.n_layers):
             w = layer_tensors(state, i, arch.qkv_bias)
             dev = self.layer_devices[i]
-            self.layers.append(_Layer(
+            self.layers.append(LayerWeights(
                 attn_norm=w["attn_norm"].to(dev, dtype),
                 wqkv=torch.cat([w["q"], w["k"], w["v"]]).to(dev, dtype),
                 bqkv=torch.cat([w["q_bias"], w["k_bias"], w["v_bias"]]).to(dev, dtype) if arch.qkv_bias else None,
@@ -227,9 +228,9 @@ class LlamaRunner:
     @staticmethod
     def _pack_for_cpu(weight: torch.Tensor) -> torch.Tensor | None:
         """oneDNN-prepacked copy of the vocabulary projection for float32 on the CPU: the stock
-        matmul repacks big matrices on every multi-token call (verification): at 5 tokens the
-        vocabulary projection ran 2.3x and the gate/up projection 3x slower than prepacked on a
-        2-core x86 CPU. None where oneDNN is unavailable."""
+        matmul repacks big matrices on every multi-token call (verification), which costs more than
+        the product itself for the vocabulary and gate/up projections. None where oneDNN is
+        unavailable."""
         if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
             return None
         try:

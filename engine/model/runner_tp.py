@@ -28,7 +28,7 @@ from engine.kv.full import FullCache
 from engine.kv.sharded import ShardedFullCache
 from engine.errors import InvalidSettingError
 from engine.kv.rope import Rotary
-from engine.model.runner import Architecture, _Layer, layer_tensors, read_safetensors, rms_norm, state_tensor
+from engine.model.runner import Architecture, LayerWeights, layer_tensors, read_safetensors, rms_norm, state_tensor
 
 
 def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
@@ -92,7 +92,7 @@ class TensorParallelRunner:
         if head is None or arch.tie_embeddings:
             head = state_tensor(state, "embed_tokens.weight")
         self.lm_heads = [head[s.vocab[0]:s.vocab[1]].to(s.device, dtype) for s in self.shards]  # [V_s, hidden]
-        self.layers: list[list[_Layer]] = [[] for _ in self.shards]  # [card][layer]
+        self.layers: list[list[LayerWeights]] = [[] for _ in self.shards]  # [card][layer]
         for i in range(arch.n_layers):
             w = layer_tensors(state, i, arch.qkv_bias)
             for s, shard in enumerate(self.shards):
@@ -102,7 +102,7 @@ class TensorParallelRunner:
                 if arch.qkv_bias:
                     bias = torch.cat([rows(w["q_bias"], qa, qb), rows(w["k_bias"], ka, kb), rows(w["v_bias"], ka, kb)])
                     bias = bias.to(shard.device, dtype)
-                self.layers[s].append(_Layer(
+                self.layers[s].append(LayerWeights(
                     attn_norm=w["attn_norm"].to(shard.device, dtype),
                     wqkv=torch.cat([rows(w["q"], qa, qb), rows(w["k"], ka, kb), rows(w["v"], ka, kb)]).to(shard.device, dtype),
                     bqkv=bias,

@@ -15,8 +15,8 @@ DEFAULT_CPU_HEADROOM = 2 * GiB  # kept free in RAM for the app and the OS
 PROFILES = ("cpu", "4090", "4090x2", "auto")
 # CPU attention over offloaded KV (hybrid offload) reads host RAM at about its bandwidth when the
 # CPU has the cores for it: dual-channel DDR5-5600 (89.6 GB/s peak) delivers 60-70 GB/s to a
-# multi-threaded read on a desktop. 60 GB/s is the stated default (not measured here: this 2-core
-# box attends at 1.6 GB/s bf16); `plan --cpu-attn-gbps` and gpu-check's measurement replace it.
+# multi-threaded read on a desktop. 60 GB/s is the stated default for such a workstation (a small
+# VM attends far slower); `plan --cpu-attn-gbps` and gpu-check's measurement replace it.
 DEFAULT_CPU_ATTN_GBPS = 60.0
 
 
@@ -41,7 +41,7 @@ class DeviceSpec:
     profile: str
     ram_total_bytes: int
     ram_available_bytes: int
-    cpu_bandwidth_gbs: float = 10.0  # nominal; this 2-core box reads ~9 GB/s (SmolLM2 fp32 decode)
+    cpu_bandwidth_gbs: float = 10.0  # nominal memory bandwidth of a small machine (a cloud VM's few cores)
     gpus: tuple[GpuSpec, ...] = ()
     hop_us: float = 20.0  # hand activations card->host->card (no P2P): layer-split, per boundary
     allreduce_us: float = 30.0  # one small all-reduce staged through host memory (no P2P)

@@ -1,7 +1,7 @@
 """Our decoding methods timed side by side, step by step: one session per method, all on one prefill.
 
-On a shared machine the host's speed changes from one answer to the next (the same forwards ran
-1.45x slower a minute later on our Zen 1 host), so methods timed one answer after another compare
+On a shared machine the host's speed changes from one answer to the next (the same forwards can
+run far slower a minute later), so methods timed one answer after another compare
 host states as much as methods. Here every method answers at once: each has its own session (its
 own caches and, for auto, its own learned costs, as a user's chat would), and the driver asks each
 in turn for its next token. A call that needs a verification cycle computes it; the following calls

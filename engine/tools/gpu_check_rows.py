@@ -8,7 +8,7 @@ import torch
 
 from engine.tools.gpu_check_fastpaths import measure_draft_graph, measure_graphs, measure_hybrid
 from engine.tools.gpu_check_setup import (BUDGET, CHUNK, DRAFT, GAMMA1, GAMMA2, TARGET, RandomState, Timer,
-                                          _fill, build_runner, preset_config)
+                                          fill_random, build_runner, preset_config)
 
 
 # --- the measurements ------------------------------------------------------------------------
@@ -32,8 +32,8 @@ def measure_context(target, timer: Timer, context: int, pinned_gbs: float, log: 
     log(f"  {context} tokens: filling the full cache with random KV")
     full = FullCache(a.n_layers, a.n_kv_heads, a.head_dim, context, dtype, device, exact=False)  # as on a card
     for layer in range(a.n_layers):
-        _fill(full.keys[layer][:, :held], gen)
-        _fill(full.values[layer][:, :held], gen)
+        fill_random(full.keys[layer][:, :held], gen)
+        fill_random(full.values[layer][:, :held], gen)
     full.length = held
     kv_bytes = held * full.bytes_per_token()
     out["kv_bytes"] = kv_bytes
@@ -120,7 +120,7 @@ def measure_long_compute(target, timer: "Timer", full, off, held: int, pinned_gb
     """The double buffer where compute is long enough to hide behind: one prefill chunk (the
     session's CUDA chunk, 2048 tokens; 32 on the CPU) attending over the whole held prefix, with
     every layer's KV offloaded (prefetch vs serial) and on-chip. A decode-sized verification
-    computes ~0.5 ms per layer against ~10 ms of copy at 128K, so there is little to hide there;
+    computes far less per layer than its copy takes at long contexts, so there is little to hide there;
     a long document's prefill chunk computes about as long as the copy."""
     from engine.decoding.session import prefill_chunk_for
 
@@ -205,8 +205,8 @@ def measure_draft(timer: Timer, device: torch.device, dtype: torch.dtype, tiny: 
     cache = StreamingCache(a.n_layers, a.n_kv_heads, a.head_dim, 4, 252, 64, dtype, device)
     gen = torch.Generator(device=device).manual_seed(7)
     for layer in range(a.n_layers):
-        _fill(cache.keys[layer][:, :256], gen)
-        _fill(cache.values[layer][:, :256], gen)
+        fill_random(cache.keys[layer][:, :256], gen)
+        fill_random(cache.values[layer][:, :256], gen)
     cache.length = 256
     ids = torch.randint(0, a.vocab_size, (1,), device=device, generator=gen)
 

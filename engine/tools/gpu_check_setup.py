@@ -82,7 +82,8 @@ def build_runner(repo_id: str, device: torch.device, dtype: torch.dtype, tiny: b
     return LlamaRunner(config, RandomState(config, device, dtype), device, dtype, max_positions=max_positions)
 
 
-def _fill(t: torch.Tensor, generator: torch.Generator) -> None:
+def fill_random(t: torch.Tensor, generator: torch.Generator) -> None:
+    """Fills `t` in place with standard normal values from `generator` (random weights and KV)."""
     t.normal_(0.0, 1.0, generator=generator)
 
 

@@ -2,9 +2,8 @@
 OpenMP threads should wait on this machine.
 
 In a virtual machine, the hypervisor counts "steal" time: moments a virtual CPU was ready to run and
-the host ran something else. The load average inside the guest does not see it (the grid of
-2026-12-03 ran at load average 1.2-1.3 while `top` showed 29-32 % steal, and ar took 43-139 ms/token
-at continue 1K-2K where it takes ~28-33 quiet). Linux reports it in /proc/stat; elsewhere there is nothing to read, and
+the host ran something else. The load average inside the guest does not see it, while it can
+slow every method several-fold. Linux reports it in /proc/stat; elsewhere there is nothing to read, and
 the share is None.
 """
 from __future__ import annotations
@@ -73,9 +72,8 @@ BUSY_LIMIT = 25.0  # per cent of the CPU other programs may take for the app to 
 
 def openmp_wait_env(virtual: bool, busy: float | None) -> dict[str, str]:
     """How idle OpenMP threads wait between the ~300 small parallel steps of a token. In a virtual
-    machine each wake-up of a sleeping thread waits for the host: on this project's 2-core KVM guest
-    plain decoding ran 1.2-2.8x faster with a bounded spin (docs/bench/omp-wait-s17.txt), and the
-    host's steal fell from 4-34 % to 0-1 %. Beside busy programs a spinning waiter costs them and us
-    far more (a forward at 60-169 ms against 40-54 sleeping, two `yes` processes on 2 cores), so on
-    a physical machine, or when other programs keep BUSY_LIMIT of the CPU busy, threads sleep."""
+    machine each wake-up of a sleeping thread waits for the host, so there a bounded spin decodes
+    faster and the host steals less. Beside busy programs a spinning waiter costs them and us far
+    more than a sleeping one, so on a physical machine, or when other programs keep BUSY_LIMIT of
+    the CPU busy, threads sleep."""
     return SPIN if virtual and busy is not None and busy < BUSY_LIMIT else SLEEP
