@@ -96,6 +96,11 @@ def load_folder(folder_info, device: str = "auto", max_positions: int | None = N
     blocks (engine.model.quant): None = whenever it can, True = must (else a typed error),
     False = the float32 conversion (the oracle the quantized target is tested against)."""
     path = Path(getattr(folder_info, "path", folder_info))
+    from engine.store.models import gguf_model_file
+
+    gguf = gguf_model_file(path)
+    if gguf is not None:
+        return _load_gguf(folder_info, path, gguf, device, max_positions, placement, file_blocks)
     if not (path / "config.json").is_file():
         raise ModelFormatError(f"{path} has no config.json: pass a model folder saved by transformers")
     config = load_config(path)
@@ -108,6 +113,34 @@ def load_folder(folder_info, device: str = "auto", max_positions: int | None = N
         runner = placement.build_runner(config, read_safetensors(path), dtype, max_positions)
     if file_blocks is not False:
         _use_file_blocks(runner, path, required=bool(file_blocks))
+    return LoadedModel(folder_info, config, tokenizer, runner, _eos_ids(path, config, tokenizer))
+
+
+def _load_gguf(folder_info, path: Path, gguf: Path, device: str, max_positions: int | None, placement,
+               file_blocks: bool | None) -> LoadedModel:
+    """A GGUF's metadata folder: the weights come from the file. On the CPU they run as stored
+    (memory-mapped blocks: engine/model/gguf_weights.py) unless file_blocks is False; elsewhere
+    (and for the float32 oracle) they are widened tensor by tensor."""
+    from engine.model.gguf_file import read_header
+    from engine.model.gguf_weights import check_tensors, file_runner, state_dict
+
+    config = load_config(path)
+    tokenizer = load_tokenizer(path)
+    header = read_header(gguf)
+    check_tensors(header, config)
+    dev, dtype = pick_device(device if placement is None or device != "auto" else placement.first_device)
+    if placement is None and dev.type == "cpu" and file_blocks is not False:
+        runner = file_runner(header, config, max_positions)
+        if file_blocks and not runner.weights_tag:
+            raise UnsupportedModelError(f"{gguf.name} holds no tensor in a kind that runs as stored "
+                                        "(Q4_0, Q4_1, Q8_0...): load it in float32")
+    elif file_blocks:
+        raise UnsupportedModelError(f"{gguf.name} cannot run its GGUF blocks as stored (it does not run on the "
+                                    "CPU alone): load it in float32")
+    elif placement is None:
+        runner = LlamaRunner(config, state_dict(header, config, dtype), dev, dtype, max_positions)
+    else:
+        runner = placement.build_runner(config, state_dict(header, config, dtype), dtype, max_positions)
     return LoadedModel(folder_info, config, tokenizer, runner, _eos_ids(path, config, tokenizer))
 
 
