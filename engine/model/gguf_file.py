@@ -93,6 +93,21 @@ class GgufFile:
         flat = np.frombuffer(self._mapping(), dtype=np.uint8, count=t.nbytes, offset=t.start)
         return flat.reshape(-1, t.row_bytes)
 
+    def span(self, names: list[str]) -> np.ndarray | None:
+        """One read-only view [rows, row bytes] over tensors stored back to back in this order with
+        the same kind and row length (e.g. ffn_gate then ffn_up), or None where they are not."""
+        tensors = [self.tensors[n] for n in names]
+        first = tensors[0]
+        for before, after in zip(tensors, tensors[1:]):
+            if after.start != before.start + before.nbytes or (after.kind, after.shape[-1]) != (first.kind, first.shape[-1]):
+                return None
+        total = sum(t.nbytes for t in tensors)
+        return np.frombuffer(self._mapping(), dtype=np.uint8, count=total, offset=first.start).reshape(-1, first.row_bytes)
+
+    def holds(self, array: np.ndarray) -> bool:
+        """Whether `array` is memory of the mapped file (a kernel reading it reads the file's pages)."""
+        return np.may_share_memory(array, np.frombuffer(self._mapping(), dtype=np.uint8))
+
     def values(self, name: str) -> np.ndarray:
         """An F32/F16 tensor as a read-only numpy view of its shape (BF16: its raw uint16 bits)."""
         t = self.tensors[name]

@@ -104,11 +104,20 @@ class StackedWeight:
                    for p in self.parts)
 
 
-def _stacked(parts: list):
-    """One weight for parts stacked along `out`: one QuantWeight when they share a kind the kernels
-    run (their blocks concatenated), one float32 tensor when none runs natively, else a StackedWeight."""
+def _projection(gguf: GgufFile, arch, names: list[str], roles: list[str]):
+    """The projections `names` stacked along `out` (q|k|v, gate|up) as one weight: one QuantWeight
+    when they share a kind the kernels run (a view of the file where they are stored back to back
+    and need no reordering, else their blocks concatenated), one float32 tensor when none runs
+    natively, else a StackedWeight of the parts."""
+    orders = [_row_order(gguf, arch, role) for role in roles]
+    kinds = {gguf.tensors[n].kind for n in names}
+    if len(kinds) == 1 and kinds <= set(quant.SUPPORTED) and all(o is None for o in orders):
+        view = gguf.span(names)
+        if view is not None:
+            return quant.QuantWeight(kinds.pop(), view, gguf.tensors[names[0]].shape[-1])
+    parts = [_file_weight(gguf, n, o) for n, o in zip(names, orders)]
     quantized = [p for p in parts if isinstance(p, quant.QuantWeight)]
-    if len(quantized) == len(parts) and len({p.kind for p in parts}) == 1:
+    if len(quantized) == len(parts) and len(kinds) == 1:
         return parts[0] if len(parts) == 1 else \
             quant.QuantWeight(parts[0].kind, np.concatenate([p.blocks for p in parts]), parts[0].in_features)
     if not quantized:
@@ -127,18 +136,21 @@ def file_runner(gguf: GgufFile, config, max_positions: int | None = None):
     arch = Architecture.from_config(config)
     layers = []
     for i in range(arch.n_layers):
-        def weight(role: str):
-            return _file_weight(gguf, _layer_name(i, role), _row_order(gguf, arch, role))
+        def projection(*roles: str):
+            return _projection(gguf, arch, [_layer_name(i, r) for r in roles], list(roles))
 
         layers.append(_Layer(
             attn_norm=widen(gguf, _layer_name(i, "attn_norm")),
-            wqkv=_stacked([weight("q"), weight("k"), weight("v")]),
+            wqkv=projection("q", "k", "v"),
             bqkv=_qkv_bias(gguf, arch, i),
-            wo=_stacked([weight("o")]),
+            wo=projection("o"),
             mlp_norm=widen(gguf, _layer_name(i, "mlp_norm")),
-            w_gate_up=_stacked([weight("gate"), weight("up")]),
-            w_down=_stacked([weight("down")]),
+            w_gate_up=projection("gate", "up"),
+            w_down=projection("down"),
         ))
+        built = layers[-1]  # its file pages leave the resident set as soon as the layer is built
+        _release_copied(gguf, [built.wqkv, built.wo, built.w_gate_up, built.w_down],
+                        [n for n in gguf.tensors if n.startswith(f"blk.{i}.")])
     embed = _file_weight(gguf, "token_embd.weight", None)
     lm_head = embed if "output.weight" not in gguf.tensors else _file_weight(gguf, "output.weight", None)
     runner = LlamaRunner.from_parts(config, embed, widen(gguf, "output_norm.weight"), lm_head, layers, max_positions)
@@ -147,7 +159,20 @@ def file_runner(gguf: GgufFile, config, max_positions: int | None = None):
     if blocks:  # a different target from float32's, and one per kernel (snapshot keys)
         runner.weights_tag = "gguf-native-f32" if any(w.native for w in blocks) else "gguf-int4-bf16"
         runner.prefill_dtype = quant.cpu_prefill_attention_dtype()
+    _release_copied(gguf, [embed, lm_head], [n for n in gguf.tensors if not n.startswith("blk.")])
     return runner
+
+
+def _release_copied(gguf: GgufFile, weights: list, names: list[str]) -> None:
+    """Drop from this process's resident set the pages of tensors `names` that building `weights`
+    read and no kernel reads again (copied: repacked, reordered, widened); the pages a kernel reads
+    in place (Q8_0 blocks, the embedding's rows) stay mapped as they are."""
+    read_in_place = [w.native_blocks.array for w in weights
+                     if isinstance(w, quant.QuantWeight) and w.native and gguf.holds(w.native_blocks.array)]
+    for name in names:
+        view = gguf.blocks(name)
+        if not any(np.may_share_memory(view, a) for a in read_in_place):
+            gguf.release(name)
 
 
 def _qkv_bias(gguf: GgufFile, arch, index: int) -> torch.Tensor | None:

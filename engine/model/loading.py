@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
 
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.model.runner import LlamaRunner, read_safetensors
@@ -65,8 +64,17 @@ def _eos_ids(folder: Path, config, tokenizer) -> tuple[int, ...]:
 
 
 def load_config(path: Path):
-    """The folder's transformers config; a config.json with wrong types or bad JSON is a ModelFormatError."""
+    """The folder's transformers config; a config.json with wrong types or bad JSON is a ModelFormatError.
+    A GGUF's metadata folder with plain RoPE gives its config.json as attributes (no transformers import)."""
+    if _light_folder(path):
+        from engine.model.folder_tokenizer import FolderConfig
+
+        config = FolderConfig.from_folder(path)
+        if dict(getattr(config, "rope_parameters", None) or {}).get("rope_type", "default") == "default":
+            return config
     from huggingface_hub.errors import StrictDataclassError
+
+    from transformers import AutoConfig
 
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True)
@@ -76,10 +84,23 @@ def load_config(path: Path):
                                "or convert or download the model again") from exc
 
 
+def _light_folder(path: Path) -> bool:
+    """Whether `path` is a GGUF's metadata folder (its tokenizer and config read without transformers)."""
+    from engine.store.models import is_gguf_folder
+
+    return is_gguf_folder(Path(path))
+
+
 def load_tokenizer(path: Path):
     """The folder's tokenizer (no weights read)."""
+    if _light_folder(path):
+        from engine.model.folder_tokenizer import FolderTokenizer
+
+        return FolderTokenizer.shared(path)
     if (path / "config.json").is_file():
         load_config(path)  # AutoTokenizer reads it too: a broken config must not surface as a traceback
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:

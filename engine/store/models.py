@@ -147,6 +147,8 @@ def resolve_gguf(path: Path, progress: Progress | None = None, cancel: Cancel | 
     if not is_gguf_folder(dest):
         origin = {"source": "gguf", "model_id": stem, "name": path.stem, "gguf_sha256": digest}
         write_gguf_folder(path, dest, origin, progress, cancel)
+    else:
+        _point_at(dest, path)
     _remember_gguf_digest(path, digest)
     return _gguf_model(dest)
 
@@ -167,6 +169,15 @@ def _remember_gguf_digest(path: Path, digest: str) -> None:
     stat = path.stat()
     index[str(path.resolve())] = {"stat": [stat.st_size, stat.st_mtime_ns], "sha256": digest}
     _write_json_atomic(index_path, index)
+
+
+def _point_at(folder: Path, gguf: Path) -> None:
+    """Make a metadata folder name `gguf` (the same content opened from another place or touched)."""
+    origin = _read_json(folder / ORIGIN_FILE) or {}
+    stat = gguf.stat()
+    where = {"gguf_path": str(gguf.resolve()), "gguf_stat": [stat.st_size, stat.st_mtime_ns]}
+    if {k: origin.get(k) for k in where} != where:
+        _write_json_atomic(folder / ORIGIN_FILE, {**origin, **where})
 
 
 def is_gguf_folder(path: Path) -> bool:
