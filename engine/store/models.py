@@ -70,6 +70,8 @@ def resolve_model(spec: str, progress: Progress | None = None, cancel: Cancel | 
     if spec.lower() in BUNDLED_ALIASES:
         return resolve_bundled(progress, cancel)
     path = Path(spec).expanduser()
+    if path.is_dir() and is_gguf_folder(path):  # a GGUF's metadata folder, named directly
+        return _gguf_model(path)
     if path.is_dir():
         return _folder_model(path, source="folder", model_id=path.resolve().name, name=path.resolve().name)
     if path.is_file():
@@ -371,27 +373,52 @@ def _tqdm_class(repo_id: str, progress: Progress | None, cancel: Cancel | None):
 
 
 def list_local_models() -> list[LocalModel]:
-    """Converted models in the app's cache, then Llama-family repos in the HF cache."""
+    """Models on this computer: GGUF files (the bundled one, every one opened before, *.gguf files in
+    the model folder) with their block kinds and the RAM they need, older converted folders, then
+    Llama-family repos in the HF cache."""
     found: list[LocalModel] = []
     cache = model_cache_dir()
-    for child in sorted(cache.iterdir()):
-        if child.name.startswith(".") or not (_is_complete(child) or is_gguf_folder(child)):
+    listed: set[Path] = set()
+    for child in sorted(cache.iterdir()) if cache.is_dir() else ():
+        if child.name.startswith("."):
             continue
         origin = _read_json(child / ORIGIN_FILE) or {}
-        gguf = Path(origin.get("gguf_path") or "") if is_gguf_folder(child) else None
-        found.append(
-            LocalModel(
-                name=origin.get("name", child.name),
-                model_id=origin.get("model_id", child.name),
-                path=child,
+        if is_gguf_folder(child):
+            try:
+                gguf = gguf_model_file(child)
+            except ModelNotFoundError:  # moved or changed since: listed where it is now, if in reach
+                continue
+            listed.add(gguf.resolve())
+            found.append(_gguf_entry(gguf, origin))
+        elif _is_complete(child):
+            found.append(LocalModel(
+                name=origin.get("name", child.name), model_id=origin.get("model_id", child.name), path=child,
                 source=origin.get("source", "folder"),
                 model_type=(_read_json(child / "config.json") or {}).get("model_type", "?"),
-                size_bytes=gguf.stat().st_size if gguf is not None and gguf.is_file() else
-                sum(f.stat().st_size for f in _weight_files(child)),
-            )
-        )
+                size_bytes=sum(f.stat().st_size for f in _weight_files(child))))
+    opened = [Path(p) for p in (_read_json(cache / GGUF_INDEX) or {})]
+    for gguf in sorted(cache.glob("*.gguf")) + opened if cache.is_dir() else opened:
+        if gguf.is_file() and gguf.resolve() not in listed:
+            listed.add(gguf.resolve())
+            found.append(_gguf_entry(gguf, {}))
     found.extend(_hub_models())
     return found
+
+
+def _gguf_entry(gguf: Path, origin: dict) -> LocalModel:
+    """A GGUF file as a listing row: its kinds and RAM from its header (a damaged file says so)."""
+    from engine.model.gguf_meta import ARCHITECTURES
+    from engine.model.gguf_summary import summarize
+
+    base = dict(name=origin.get("name", gguf.stem), model_id=origin.get("model_id", gguf.stem), path=gguf,
+                source=origin.get("source", "gguf"), size_bytes=gguf.stat().st_size)
+    try:
+        summary = summarize(gguf)
+    except ModelFormatError as exc:
+        return LocalModel(model_type="?", runs=str(exc), **base)
+    model_type = ARCHITECTURES.get(summary.architecture, f"{summary.architecture} (not supported)")
+    return LocalModel(model_type=model_type, kinds=summary.kinds_text(), runs=summary.runs_text(),
+                      widened=summary.widened_kinds, ram_bytes=summary.ram_bytes, context=summary.context, **base)
 
 
 def _hub_models() -> list[LocalModel]:
