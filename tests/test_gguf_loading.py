@@ -231,3 +231,30 @@ def test_config_from_metadata(mixed_gguf):
             config["num_key_value_heads"], config["intermediate_size"], config["head_dim"]) == (64, 2, 4, 2, 128, 16)
     assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
     assert config["tie_word_embeddings"] is False and config["max_position_embeddings"] == 2048
+
+
+def test_llama3_rope_scaling_is_read_from_the_rope_freqs_tensor(tmp_path, bundled_model_dir):
+    """llama.cpp stores Llama 3's RoPE scaling as per-frequency divisors (rope_freqs.weight), as the
+    1B-shape tool writes them: the config names the scaling transformers computes, and the runner's
+    frequencies are the file's (base frequencies divided by its divisors)."""
+    from engine.tools.gguf_1b import llama3_divisors
+
+    from tiny_gguf import HEAD_DIM
+
+    divisors = llama3_divisors(HEAD_DIM, 500000.0, 32.0, 1.0, 4.0, 8192)
+    assert divisors.min() == 1.0 and divisors.max() == pytest.approx(32.0) and 1 < np.median(divisors) < 32
+    path = tmp_path / "llama3.gguf"
+    write_gguf(path, bundled_model_dir, {"q": "Q8_0"}, theta=500000.0, rope_freqs=divisors)
+    folder = resolve_model(str(path))
+    config = json.loads((folder.path / "config.json").read_text())
+    assert config["rope_parameters"] == {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 8192}
+    runner = load_folder(folder, device="cpu").runner
+    base = 1.0 / 500000.0 ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
+    assert runner.rope.rope_type == "llama3"
+    assert np.allclose(runner.rope.inv_freq.numpy(), base / divisors, rtol=1e-5)
+    wrong = tmp_path / "odd.gguf"
+    write_gguf(wrong, bundled_model_dir, theta=500000.0, rope_freqs=divisors[::-1].copy())
+    with pytest.raises(UnsupportedModelError, match="RoPE factors"):
+        resolve_model(str(wrong))

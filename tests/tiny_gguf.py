@@ -25,7 +25,8 @@ def _interleave(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(path: Path, tokenizer_dir: Path, kinds: dict[str, str] | None = None, *, arch: str = "llama",
-               vocab_size: int = 512, tokenizer: bool = True, tied: bool = False, seed: int = 0) -> dict:
+               vocab_size: int = 512, tokenizer: bool = True, tied: bool = False, seed: int = 0,
+               theta: float = 10000.0, rope_freqs: np.ndarray | None = None) -> dict:
     """Write the file; returns {transformers name: float32 array} of what it stores. `kinds` maps a
     role ("q", "k", "v", "o", "gate", "up", "down", "embed", "output") to a ggml kind (default F32)."""
     import gguf
@@ -46,7 +47,7 @@ def write_gguf(path: Path, tokenizer_dir: Path, kinds: dict[str, str] | None = N
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_rope_dimension_count(HEAD_DIM)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(len(tokens))
     if tokenizer:
@@ -77,6 +78,8 @@ def write_gguf(path: Path, tokenizer_dir: Path, kinds: dict[str, str] | None = N
             defined = defined.reshape(heads, -1, 2, cols).swapaxes(1, 2).reshape(rows, cols)
         stored[hf_name] = np.ascontiguousarray(defined, dtype=np.float32)
 
+    if rope_freqs is not None:  # llama3 RoPE scaling, stored the way llama.cpp stores it
+        w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     add("token_embd.weight", "model.embed_tokens.weight", "embed", len(tokens), HIDDEN)
     for i in range(LAYERS):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.full(HIDDEN, 1.0 + 0.01 * i, np.float32))
