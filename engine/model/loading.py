@@ -73,7 +73,6 @@ def load_config(path: Path):
         if dict(getattr(config, "rope_parameters", None) or {}).get("rope_type", "default") == "default":
             return config
     from huggingface_hub.errors import StrictDataclassError
-
     from transformers import AutoConfig
 
     try:
@@ -113,9 +112,10 @@ def load_folder(folder_info, device: str = "auto", max_positions: int | None = N
 
     placement: an `engine.model.placement.Placement` (from a planner plan): the weights go to its
     card(s), as one card, a layer split or tensor parallel; `device` then only picks the dtype.
-    file_blocks: on the CPU, a model converted from a quantized GGUF runs the file's own low-bit
-    blocks (engine.model.quant): None = whenever it can, True = must (else a typed error),
-    False = the float32 conversion (the oracle the quantized target is tested against)."""
+    file_blocks: on the CPU, a GGUF (its metadata folder, engine/store/models.py) runs the file's own
+    low-bit blocks, memory-mapped (engine/model/gguf_weights.py): None = whenever it can, True = must
+    (else a typed error), False = widened to float32 (the oracle the quantized target is tested
+    against). An older float32 conversion folder swaps its source GGUF's blocks in the same way."""
     path = Path(getattr(folder_info, "path", folder_info))
     from engine.store.models import gguf_model_file
 
