@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.api import list_local_models
 from engine.cli import models_cmd
-from engine.store.models import list_local_models, resolve_model
+from engine.store.models import resolve_model
 from engine.store.paths import model_cache_dir
 from tiny_gguf import FFN, HEAD_DIM, HIDDEN, KV_HEADS, LAYERS, write_gguf
 

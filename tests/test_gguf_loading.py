@@ -12,7 +12,7 @@ import torch
 
 from engine.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
 from engine.model.folder_tokenizer import FolderConfig, FolderTokenizer
-from engine.model.gguf_file import read_header
+from engine.store.gguf_file import read_header
 from engine.model.gguf_weights import StackedWeight
 from engine.model.loading import load_folder
 from engine.model.quant import QuantWeight

@@ -110,7 +110,7 @@ def test_cancel_leaves_nothing(bundled_model_dir: Path) -> None:
 
 def test_failed_metadata_write_leaves_nothing(tmp_path: Path, bundled_model_dir: Path, monkeypatch) -> None:
     """Reading the metadata dying half-way through writing must leave no folder behind."""
-    from engine.model import gguf_meta
+    from engine.store import gguf_meta
 
     def half(gguf, dest):
         Path(dest, "config.json").write_text("{")

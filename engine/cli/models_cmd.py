@@ -37,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
 
 def collect() -> dict:
     """Everything `models` shows, as plain JSON-ready data."""
-    local = model_store.list_local_models()
+    from engine.model.gguf_summary import describe
+
+    local = [describe(m) for m in model_store.list_local_models()]
     local_ids = {m.model_id for m in local}
     try:
         gguf = str(model_store.bundled_gguf_path())

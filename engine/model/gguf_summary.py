@@ -3,10 +3,14 @@ tensor bytes), which of them run as stored and which are widened to float32, and
 needs (the mapped file, widened tensors in float32, the float16 K/V of a context)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.model.gguf_file import GgufFile, read_header
+from engine.errors import ModelFormatError
+from engine.store.gguf_file import GgufFile, read_header
+from engine.store.gguf_meta import ARCHITECTURES
+from engine.store.model_folders import LocalModel
 
 LISTING_CONTEXT = 8192  # the app's default context; a model with a shorter one is listed at its own
 KV_BYTES = 2  # float16 K/V on the CPU (runner.kv_dtype)
@@ -76,3 +80,17 @@ def summarize_file(gguf: GgufFile, context: int = LISTING_CONTEXT) -> GgufSummar
     kv = 2 * int(key("block_count", 0) or 0) * int(key("attention.head_count_kv", heads) or heads) * head_dim \
         * context * KV_BYTES
     return GgufSummary(gguf.architecture, kinds, mapped, widened, kv, context)
+
+
+def describe(model: LocalModel) -> LocalModel:
+    """A listing row with its GGUF's kinds, what runs natively and the RAM it needs (rows that are
+    not .gguf files come back as they are; a damaged file's row says what to do)."""
+    if model.path.suffix.lower() != ".gguf":
+        return model
+    try:
+        summary = summarize(model.path)
+    except ModelFormatError as exc:
+        return dataclasses.replace(model, model_type="?", runs=str(exc))
+    model_type = ARCHITECTURES.get(summary.architecture, f"{summary.architecture} (not supported)")
+    return dataclasses.replace(model, model_type=model_type, kinds=summary.kinds_text(), runs=summary.runs_text(),
+                               widened=summary.widened_kinds, ram_bytes=summary.ram_bytes, context=summary.context)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from engine.model import quant
-from engine.model.gguf_file import FLOAT_KINDS, GgufFile
+from engine.store.gguf_file import FLOAT_KINDS, GgufFile
 
 PERMUTED_ARCHITECTURES = ("llama", "mistral")  # llama.cpp interleaves Q/K rows for these
 # the runner's role -> GGUF tensor name inside blk.N; and transformers' name inside model.layers.N

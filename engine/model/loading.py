@@ -142,7 +142,7 @@ def _load_gguf(folder_info, path: Path, gguf: Path, device: str, max_positions: 
     """A GGUF's metadata folder: the weights come from the file. On the CPU they run as stored
     (memory-mapped blocks: engine/model/gguf_weights.py) unless file_blocks is False; elsewhere
     (and for the float32 oracle) they are widened tensor by tensor."""
-    from engine.model.gguf_file import read_header
+    from engine.store.gguf_file import read_header
     from engine.model.gguf_weights import check_tensors, file_runner, state_dict
 
     config = load_config(path)

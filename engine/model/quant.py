@@ -282,7 +282,7 @@ class FileBlocks(NamedTuple):
 def read_gguf_blocks(path: Path, arch) -> tuple[dict[str, FileBlocks], list[str]]:
     """The quantized projections of a GGUF, by the runner's names ("layers.3.q", "embed",
     "lm_head"), rows in HF order; plus the tensors left to the float32 path (unsupported kinds)."""
-    from engine.model.gguf_file import read_header
+    from engine.store.gguf_file import read_header
 
     gguf = read_header(Path(path))  # memory-mapped: blocks are read only when used
     tensors = gguf.tensors

@@ -148,7 +148,7 @@ def _cached_config(repo_id: str) -> Path | None:
 
 def _shape_from_gguf(path: Path) -> ModelShape:
     """Read the shape from GGUF metadata (memory-mapped; the tensors are not loaded)."""
-    from engine.model.gguf_file import read_header
+    from engine.store.gguf_file import read_header
 
     header = read_header(path)  # ModelFormatError for a damaged file
 

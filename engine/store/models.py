@@ -201,8 +201,8 @@ def write_gguf_folder(gguf: Path, dest: Path, origin: dict, progress: Progress |
 
     Written into a temporary sibling folder and renamed into place, so `dest` is either complete or
     absent, whatever happens (error, cancel, crash); an older folder there is replaced."""
-    from engine.model.gguf_file import read_header
-    from engine.model.gguf_meta import write_metadata
+    from engine.store.gguf_file import read_header
+    from engine.store.gguf_meta import write_metadata
 
     parent = dest.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -210,8 +210,9 @@ def write_gguf_folder(gguf: Path, dest: Path, origin: dict, progress: Progress |
     tmp = parent / f"{TMP_PREFIX}{dest.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         _check_cancel(cancel)
-        _progress(progress, f"reading {gguf.name}: metadata and tokenizer", 0.1)
+        # a damaged file fails here, before any progress is reported
         header = read_header(gguf, string_arrays=("tokenizer.ggml.tokens", "tokenizer.ggml.merges"))
+        _progress(progress, f"reading {gguf.name}: metadata and tokenizer", 0.1)
         tmp.mkdir()
         write_metadata(header, tmp)
         stat = gguf.stat()
@@ -373,9 +374,9 @@ def _tqdm_class(repo_id: str, progress: Progress | None, cancel: Cancel | None):
 
 
 def list_local_models() -> list[LocalModel]:
-    """Models on this computer: GGUF files (the bundled one, every one opened before, *.gguf files in
-    the model folder) with their block kinds and the RAM they need, older converted folders, then
-    Llama-family repos in the HF cache."""
+    """Models on this computer: GGUF files (every one opened before, the bundled one included, and
+    *.gguf files in the model folder; engine.model.gguf_summary.describe adds their block kinds and
+    the RAM they need), older converted folders, then Llama-family repos in the HF cache."""
     found: list[LocalModel] = []
     cache = model_cache_dir()
     listed: set[Path] = set()
@@ -406,19 +407,9 @@ def list_local_models() -> list[LocalModel]:
 
 
 def _gguf_entry(gguf: Path, origin: dict) -> LocalModel:
-    """A GGUF file as a listing row: its kinds and RAM from its header (a damaged file says so)."""
-    from engine.model.gguf_meta import ARCHITECTURES
-    from engine.model.gguf_summary import summarize
-
-    base = dict(name=origin.get("name", gguf.stem), model_id=origin.get("model_id", gguf.stem), path=gguf,
-                source=origin.get("source", "gguf"), size_bytes=gguf.stat().st_size)
-    try:
-        summary = summarize(gguf)
-    except ModelFormatError as exc:
-        return LocalModel(model_type="?", runs=str(exc), **base)
-    model_type = ARCHITECTURES.get(summary.architecture, f"{summary.architecture} (not supported)")
-    return LocalModel(model_type=model_type, kinds=summary.kinds_text(), runs=summary.runs_text(),
-                      widened=summary.widened_kinds, ram_bytes=summary.ram_bytes, context=summary.context, **base)
+    """A GGUF file as a listing row (its kinds and RAM are filled in by engine.model.gguf_summary)."""
+    return LocalModel(name=origin.get("name", gguf.stem), model_id=origin.get("model_id", gguf.stem), path=gguf,
+                      source=origin.get("source", "gguf"), model_type="gguf", size_bytes=gguf.stat().st_size)
 
 
 def _hub_models() -> list[LocalModel]:

@@ -40,7 +40,7 @@ def write_f16(path: Path, seed: int = 0) -> None:
     """The F16 GGUF, tensor by tensor (never more than one tensor in memory)."""
     import gguf
 
-    from engine.model.gguf_file import read_header
+    from engine.store.gguf_file import read_header
     from engine.store.models import bundled_gguf_path
 
     s = SHAPE

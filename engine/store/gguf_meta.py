@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.model.gguf_file import GgufFile
+from engine.store.gguf_file import GgufFile
 
 # general.architecture -> transformers model_type; llama.cpp writes Mistral 7B-style models as "llama"
 ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
