@@ -75,8 +75,10 @@ def local_choices() -> list[ModelChoice]:
         if m.source == "bundled":
             continue
         size = f"{m.size_bytes / 1e9:.1f} GB" if m.size_bytes >= 1e8 else f"{m.size_bytes / 1e6:.0f} MB"
+        blocks = f" · {m.kinds} · needs {m.ram_bytes / 1e9:.1f} GB RAM at {m.context:,} tokens · {m.runs}" \
+            if getattr(m, "kinds", "") else ""  # a GGUF: its block kinds, RAM and which kinds run natively
         out.append(ModelChoice(f"{m.name}  ({m.source})", str(m.path), "ngram", str(m.path),
-                               f"{m.model_type} · {size} · {m.path}"))
+                               f"{m.model_type} · {size}{blocks} · {m.path}"))
     return out
 
 

@@ -202,10 +202,12 @@ class Engine:
 
 # --- re-exports for front ends (each a thin door into one layer below) ------------------------------
 def list_local_models() -> list:
-    """Models already on this machine: the bundled one, converted GGUFs, the Hugging Face cache."""
+    """Models already on this machine: GGUF files (with their block kinds and the RAM they need),
+    older converted folders, the Hugging Face cache."""
+    from engine.model.gguf_summary import describe
     from engine.store.models import list_local_models as local
 
-    return local()
+    return [describe(m) for m in local()]
 
 
 def sample_memory():

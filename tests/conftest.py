@@ -73,8 +73,38 @@ def bundled_model():
 
 @pytest.fixture(scope="session")
 def bundled_model_dir(bundled_model) -> Path:
-    """Folder of the converted bundled model (config.json, model.safetensors, tokenizer files)."""
+    """The bundled model's folder: config.json and tokenizer files read from its GGUF (weights stay there)."""
     return bundled_model.path
+
+
+@pytest.fixture(scope="session")
+def bundled_float32_dir(bundled_model_dir: Path) -> Path:
+    """The bundled GGUF converted to float32 safetensors by transformers' own GGUF loader, kept in
+    .test-cache: an oracle made independently of our reader (the app never writes such a copy)."""
+    from filelock import FileLock
+
+    from engine.store.models import bundled_gguf_path
+
+    dest = TEST_CACHE / "bundled-float32"
+    with FileLock(str(TEST_CACHE / "bundled-float32.lock")):
+        if not (dest / "model.safetensors").is_file():
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            gguf = bundled_gguf_path()
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            model.hf_quantizer = None  # already widened: save plain safetensors
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            tmp = TEST_CACHE / f".tmp-bundled-float32-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(tmp)
+            for name in TOKENIZER_FILES:
+                if (bundled_model_dir / name).is_file():
+                    shutil.copy2(bundled_model_dir / name, tmp / name)
+            shutil.rmtree(dest, ignore_errors=True)
+            tmp.rename(dest)
+    return dest
 
 
 @pytest.fixture(scope="session")

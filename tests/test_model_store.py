@@ -34,22 +34,29 @@ def forbid(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
 # ---------------------------------------------------------------- bundled model
 
 
-def test_bundled_conversion_is_complete(bundled_model: ModelFolder) -> None:
+def test_bundled_folder_holds_only_small_metadata(bundled_model: ModelFolder) -> None:
+    """The bundled GGUF runs as stored: its folder in the cache holds the config and tokenizer read
+    from the file's metadata, and no weights (neither float32 safetensors nor a packed copy)."""
     path = bundled_model.path
     assert bundled_model.source == "bundled"
     assert bundled_model.model_id == "HuggingFaceTB/SmolLM2-135M-Instruct"
     config = json.loads((path / "config.json").read_text())
     assert config["model_type"] == "llama" and config["vocab_size"] == 49152 and config["num_hidden_layers"] == 30
+    assert config["num_key_value_heads"] == 3 and config["tie_word_embeddings"] is True
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 100000.0}
     assert "quantization_config" not in config
-    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", model_store.WEIGHTS_STAMP):
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         assert (path / name).is_file(), name
-    assert len(bundled_model.weights_hash) == 64
+    assert not list(path.glob("*.safetensors")) and not (path / "gguf-blocks.triforce").exists()
+    assert sum(f.stat().st_size for f in path.iterdir()) < 8_000_000  # the tokenizer is most of it
+    assert bundled_model.weights_hash == model_store.BUNDLED_SHA256  # the file's own content hash
+    assert model_store.gguf_model_file(path).samefile(model_store.bundled_gguf_path())
     assert not list(path.parent.glob(model_store.TMP_PREFIX + "*"))
 
 
 def test_bundled_second_resolve_uses_cache(bundled_model: ModelFolder, monkeypatch) -> None:
-    # the converted folder is linked into this test's cache: resolving must not touch the GGUF
-    forbid(monkeypatch, "convert_gguf", "bundled_gguf_path", "_sha256_file")
+    # the metadata folder is linked into this test's cache: resolving must not touch the GGUF
+    forbid(monkeypatch, "write_gguf_folder", "bundled_gguf_path", "_sha256_file")
     for spec in ("bundled", "smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m", " Bundled "):
         again = resolve_model(spec)
         assert again.path.resolve() == bundled_model.path.resolve()
@@ -57,21 +64,41 @@ def test_bundled_second_resolve_uses_cache(bundled_model: ModelFolder, monkeypat
         assert again.source == "bundled"
 
 
-def test_bundled_converts_once_into_empty_cache(bundled_model_dir: Path, monkeypatch) -> None:
+def test_bundled_metadata_is_read_once_into_empty_cache(bundled_model_dir: Path, monkeypatch) -> None:
     (model_cache_dir() / model_store.BUNDLED_NAME).unlink()  # start from an empty cache
     calls = []
+    real = model_store.write_gguf_folder
 
-    def fake_convert(gguf, dest, origin, progress, cancel):
+    def counted(gguf, dest, origin, progress, cancel):
         calls.append(gguf)
-        shutil.copytree(bundled_model_dir, dest)
+        real(gguf, dest, origin, progress, cancel)
 
-    monkeypatch.setattr(model_store, "convert_gguf", fake_convert)
+    monkeypatch.setattr(model_store, "write_gguf_folder", counted)
     first = resolve_model("bundled")
     assert len(calls) == 1 and calls[0].name == model_store.BUNDLED_GGUF
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (first.path / name).read_bytes() == (bundled_model_dir / name).read_bytes(), name
     forbid(monkeypatch, "bundled_gguf_path", "_sha256_file")
     second = resolve_model("bundled")
     assert len(calls) == 1
     assert second == first
+
+
+def test_an_older_float32_conversion_is_replaced(bundled_model_dir: Path) -> None:
+    """A cache made by the float32 conversion (safetensors + packed blocks, no format mark) is
+    replaced by the metadata folder, and its hundreds of MB go with it."""
+    (model_cache_dir() / model_store.BUNDLED_NAME).unlink()
+    old = model_cache_dir() / model_store.BUNDLED_NAME
+    old.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(bundled_model_dir / name, old / name)
+    (old / "model.safetensors").write_bytes(b"x" * 1000)
+    (old / "gguf-blocks.triforce").write_bytes(b"x" * 1000)
+    (old / model_store.ORIGIN_FILE).write_text(json.dumps({"source": "bundled", "gguf_sha256": "0" * 64}))
+    model = resolve_model("bundled")
+    assert model.path == old and model_store.is_gguf_folder(old)
+    assert not (old / "model.safetensors").exists() and not (old / "gguf-blocks.triforce").exists()
+    assert cache_entries() == []  # no leftovers beside it
 
 
 def test_cancel_leaves_nothing(bundled_model_dir: Path) -> None:
@@ -81,23 +108,17 @@ def test_cancel_leaves_nothing(bundled_model_dir: Path) -> None:
     assert list(model_cache_dir().iterdir()) == []
 
 
-def test_failed_conversion_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
-    """A converter dying half-way through writing must leave no folder behind."""
-    import transformers
+def test_failed_metadata_write_leaves_nothing(tmp_path: Path, bundled_model_dir: Path, monkeypatch) -> None:
+    """Reading the metadata dying half-way through writing must leave no folder behind."""
+    from engine.store import gguf_meta
 
-    class HalfWriter:
-        def save_pretrained(self, folder):
-            Path(folder, "model.safetensors").write_bytes(b"half")
-            raise OSError("disk full")
+    def half(gguf, dest):
+        Path(dest, "config.json").write_text("{")
+        raise OSError("disk full")
 
-    class FakeModel(HalfWriter):
-        config = type("C", (), {})()
-
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: HalfWriter())
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: FakeModel())
-    monkeypatch.setattr(model_store, "_check_gguf", lambda path: None)
+    monkeypatch.setattr(gguf_meta, "write_metadata", half)
     gguf = tmp_path / "x.gguf"
-    gguf.write_bytes(b"GGUF" + bytes(100))
+    write_tiny_gguf(gguf, bundled_model_dir, vocab_size=64)
     with pytest.raises(OSError, match="disk full"):
         resolve_model(str(gguf))
     assert cache_entries() == []
@@ -241,7 +262,7 @@ def write_tiny_gguf(path: Path, tokenizer_dir: Path, vocab_size: int = 1024) -> 
     w.close()
 
 
-def test_any_gguf_converts_once(tmp_path: Path, bundled_model_dir: Path, monkeypatch) -> None:
+def test_any_gguf_is_read_once(tmp_path: Path, bundled_model_dir: Path, monkeypatch) -> None:
     gguf_file = tmp_path / "Tiny Model.gguf"
     write_tiny_gguf(gguf_file, bundled_model_dir)
     seen = []
@@ -251,9 +272,11 @@ def test_any_gguf_converts_once(tmp_path: Path, bundled_model_dir: Path, monkeyp
     assert seen[-1] == 1.0
     config = json.loads((model.path / "config.json").read_text())
     assert config["num_hidden_layers"] == 2 and config["hidden_size"] == 64
-    assert (model.path / "tokenizer.json").is_file()
-    # cached: keyed by content, so neither the converter nor the full hash runs again
-    forbid(monkeypatch, "convert_gguf", "_check_gguf", "_sha256_file")
+    assert config["tie_word_embeddings"] is False and config["max_position_embeddings"] == 2048
+    assert (model.path / "tokenizer.json").is_file() and not list(model.path.glob("*.safetensors"))
+    assert model.weights_hash == model_store._sha256_file(gguf_file)
+    # cached: keyed by content, so neither the metadata reader nor the full hash runs again
+    forbid(monkeypatch, "write_gguf_folder", "_sha256_file")
     assert resolve_model(str(gguf_file)) == model
     assert [e.model_id for e in list_local_models() if e.source == "gguf"] == [model.model_id]
 
@@ -261,7 +284,7 @@ def test_any_gguf_converts_once(tmp_path: Path, bundled_model_dir: Path, monkeyp
 def test_copy_of_bundled_gguf_is_the_bundled_model(tmp_path: Path, bundled_model: ModelFolder, monkeypatch) -> None:
     copy = tmp_path / "smol.gguf"
     shutil.copy(model_store.bundled_gguf_path(), copy)
-    forbid(monkeypatch, "convert_gguf")
+    forbid(monkeypatch, "write_gguf_folder")
     assert resolve_model(str(copy)).path.resolve() == bundled_model.path.resolve()
 
 

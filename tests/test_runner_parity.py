@@ -53,8 +53,8 @@ def test_logits_match_transformers(tiny_model_dir, arch, rope, kv_heads):
 
 
 @pytest.mark.bundled
-def test_bundled_top1_and_greedy_match_transformers(bundled_model_dir, bundled_tokenizer, sample_passage):
-    hf, ours = _pair(bundled_model_dir)
+def test_bundled_top1_and_greedy_match_transformers(bundled_float32_dir, bundled_tokenizer, sample_passage):
+    hf, ours = _pair(bundled_float32_dir)
     ids = torch.tensor(bundled_tokenizer(sample_passage(1000))["input_ids"][:1000])
     assert len(ids) >= 990
     a = ours.arch

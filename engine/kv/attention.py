@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 
 def causal_mask(new_tokens: int, total: int, device: torch.device) -> torch.Tensor | None:
@@ -31,6 +30,8 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     n_heads, new_tokens, dim = q.shape
     n_kv, total = k.shape[0], k.shape[1]
     if q.device.type == "cuda":
+        from torch.nn.attention.bias import causal_lower_right  # imports torch._dynamo: not on the CPU's path
+
         bias = causal_lower_right(new_tokens, total) if new_tokens > 1 else None
         return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=bias, enable_gqa=True)[0]
     if new_tokens > 16:  # prefill: SDPA's blocked CPU kernel never materialises [G*T, S] scores

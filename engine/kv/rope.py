@@ -6,7 +6,6 @@ numbers match its models exactly; we only turn them into cos/sin for given absol
 from __future__ import annotations
 
 import torch
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine import native
 
@@ -14,6 +13,14 @@ from engine import native
 def _rope_parameters(config) -> dict:
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     return dict(params)
+
+
+def _init_functions() -> dict:
+    """transformers' RoPE initialisers, imported only for a scaled RoPE (transformers takes as long
+    to import as torch)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    return ROPE_INIT_FUNCTIONS
 
 
 class Rotary:
@@ -28,8 +35,8 @@ class Rotary:
             dim = int(head_dim * float(getattr(config, "partial_rotary_factor", 1.0)))
             inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
             scaling = 1.0
-        elif rope_type in ROPE_INIT_FUNCTIONS:
-            fn = ROPE_INIT_FUNCTIONS[rope_type]
+        elif rope_type in _init_functions():
+            fn = _init_functions()[rope_type]
             if rope_type == "dynamic":
                 inv_freq, scaling = fn(config, device, seq_len=max_positions)
             else:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
 
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.model.runner import LlamaRunner, read_safetensors
@@ -65,8 +64,16 @@ def _eos_ids(folder: Path, config, tokenizer) -> tuple[int, ...]:
 
 
 def load_config(path: Path):
-    """The folder's transformers config; a config.json with wrong types or bad JSON is a ModelFormatError."""
+    """The folder's transformers config; a config.json with wrong types or bad JSON is a ModelFormatError.
+    A GGUF's metadata folder with plain RoPE gives its config.json as attributes (no transformers import)."""
+    if _light_folder(path):
+        from engine.model.folder_tokenizer import FolderConfig
+
+        config = FolderConfig.from_folder(path)
+        if dict(getattr(config, "rope_parameters", None) or {}).get("rope_type", "default") == "default":
+            return config
     from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
 
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True)
@@ -76,10 +83,23 @@ def load_config(path: Path):
                                "or convert or download the model again") from exc
 
 
+def _light_folder(path: Path) -> bool:
+    """Whether `path` is a GGUF's metadata folder (its tokenizer and config read without transformers)."""
+    from engine.store.models import is_gguf_folder
+
+    return is_gguf_folder(Path(path))
+
+
 def load_tokenizer(path: Path):
     """The folder's tokenizer (no weights read)."""
+    if _light_folder(path):
+        from engine.model.folder_tokenizer import FolderTokenizer
+
+        return FolderTokenizer.shared(path)
     if (path / "config.json").is_file():
         load_config(path)  # AutoTokenizer reads it too: a broken config must not surface as a traceback
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
@@ -92,10 +112,16 @@ def load_folder(folder_info, device: str = "auto", max_positions: int | None = N
 
     placement: an `engine.model.placement.Placement` (from a planner plan): the weights go to its
     card(s), as one card, a layer split or tensor parallel; `device` then only picks the dtype.
-    file_blocks: on the CPU, a model converted from a quantized GGUF runs the file's own low-bit
-    blocks (engine.model.quant): None = whenever it can, True = must (else a typed error),
-    False = the float32 conversion (the oracle the quantized target is tested against)."""
+    file_blocks: on the CPU, a GGUF (its metadata folder, engine/store/models.py) runs the file's own
+    low-bit blocks, memory-mapped (engine/model/gguf_weights.py): None = whenever it can, True = must
+    (else a typed error), False = widened to float32 (the oracle the quantized target is tested
+    against). An older float32 conversion folder swaps its source GGUF's blocks in the same way."""
     path = Path(getattr(folder_info, "path", folder_info))
+    from engine.store.models import gguf_model_file
+
+    gguf = gguf_model_file(path)
+    if gguf is not None:
+        return _load_gguf(folder_info, path, gguf, device, max_positions, placement, file_blocks)
     if not (path / "config.json").is_file():
         raise ModelFormatError(f"{path} has no config.json: pass a model folder saved by transformers")
     config = load_config(path)
@@ -108,6 +134,34 @@ def load_folder(folder_info, device: str = "auto", max_positions: int | None = N
         runner = placement.build_runner(config, read_safetensors(path), dtype, max_positions)
     if file_blocks is not False:
         _use_file_blocks(runner, path, required=bool(file_blocks))
+    return LoadedModel(folder_info, config, tokenizer, runner, _eos_ids(path, config, tokenizer))
+
+
+def _load_gguf(folder_info, path: Path, gguf: Path, device: str, max_positions: int | None, placement,
+               file_blocks: bool | None) -> LoadedModel:
+    """A GGUF's metadata folder: the weights come from the file. On the CPU they run as stored
+    (memory-mapped blocks: engine/model/gguf_weights.py) unless file_blocks is False; elsewhere
+    (and for the float32 oracle) they are widened tensor by tensor."""
+    from engine.store.gguf_file import read_header
+    from engine.model.gguf_weights import check_tensors, file_runner, state_dict
+
+    config = load_config(path)
+    tokenizer = load_tokenizer(path)
+    header = read_header(gguf)
+    check_tensors(header, config)
+    dev, dtype = pick_device(device if placement is None or device != "auto" else placement.first_device)
+    if placement is None and dev.type == "cpu" and file_blocks is not False:
+        runner = file_runner(header, config, max_positions)
+        if file_blocks and not runner.weights_tag:
+            raise UnsupportedModelError(f"{gguf.name} holds no tensor in a kind that runs as stored "
+                                        "(Q4_0, Q4_1, Q8_0...): load it in float32")
+    elif file_blocks:
+        raise UnsupportedModelError(f"{gguf.name} cannot run its GGUF blocks as stored (it does not run on the "
+                                    "CPU alone): load it in float32")
+    elif placement is None:
+        runner = LlamaRunner(config, state_dict(header, config, dtype), dev, dtype, max_positions)
+    else:
+        runner = placement.build_runner(config, state_dict(header, config, dtype), dtype, max_positions)
     return LoadedModel(folder_info, config, tokenizer, runner, _eos_ids(path, config, tokenizer))
 
 

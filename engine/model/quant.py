@@ -282,10 +282,10 @@ class FileBlocks(NamedTuple):
 def read_gguf_blocks(path: Path, arch) -> tuple[dict[str, FileBlocks], list[str]]:
     """The quantized projections of a GGUF, by the runner's names ("layers.3.q", "embed",
     "lm_head"), rows in HF order; plus the tensors left to the float32 path (unsupported kinds)."""
-    from gguf import GGUFReader
+    from engine.store.gguf_file import read_header
 
-    reader = GGUFReader(str(path))  # memory-mapped: blocks are read only when used
-    tensors = {t.name: t for t in reader.tensors}
+    gguf = read_header(Path(path))  # memory-mapped: blocks are read only when used
+    tensors = gguf.tensors
     found: dict[str, FileBlocks] = {}
     skipped: list[str] = []
     wanted = {"embed": "token_embd.weight", "lm_head": "output.weight"}
@@ -295,16 +295,16 @@ def read_gguf_blocks(path: Path, arch) -> tuple[dict[str, FileBlocks], list[str]
         tensor = tensors.get(name)
         if tensor is None:
             continue
-        kind = tensor.tensor_type.name
+        kind = tensor.kind
         if kind not in BLOCK_BYTES:
             if kind not in ("F32", "F16", "BF16"):
                 skipped.append(f"{name} ({kind})")
             continue
-        blocks = tensor.data  # [out, bytes] uint8, memory-mapped
+        blocks = gguf.blocks(name)  # [out, bytes] uint8, memory-mapped
         if key.endswith((".q", ".k")):
             heads = arch.n_heads if key.endswith(".q") else arch.n_kv_heads
             blocks = blocks[unpermute_rows(blocks.shape[0], heads)]
-        found[key] = FileBlocks(kind, blocks, int(tensor.shape[0]))
+        found[key] = FileBlocks(kind, blocks, int(tensor.shape[-1]))
     if "output.weight" not in tensors and "embed" in found:  # tied: the file stores the table once
         found["lm_head"] = found["embed"]
     return found, skipped

@@ -154,6 +154,51 @@ class LlamaRunner:
                  max_positions: int | None = None, layer_devices=None) -> None:
         """layer_devices: optional device per layer (layer split across cards); the embedding
         table lives with layer 0 (== `device`), the final norm and lm_head with the last layer."""
+        arch = self._place(config, device, dtype, max_positions, layer_devices)
+
+        def take(name: str, where: torch.device | None = None) -> torch.Tensor:
+            return state_tensor(state, name).to(where or self.device, dtype)
+
+        self.embed = take("embed_tokens.weight")  # [V, hidden]
+        self.norm = take("norm.weight", self.head_device)
+        lm_head = state.get("lm_head.weight")
+        if lm_head is None or arch.tie_embeddings:
+            self.lm_head = self.embed if self.head_device == self.device else self.embed.to(self.head_device)
+        else:
+            self.lm_head = lm_head.to(self.head_device, dtype)
+        self._lm_head_packed = self._pack_for_cpu(self.lm_head)
+        self.layers: list[LayerWeights] = []
+        for i in range(arch.n_layers):
+            w = layer_tensors(state, i, arch.qkv_bias)
+            dev = self.layer_devices[i]
+            self.layers.append(LayerWeights(
+                attn_norm=w["attn_norm"].to(dev, dtype),
+                wqkv=torch.cat([w["q"], w["k"], w["v"]]).to(dev, dtype),
+                bqkv=torch.cat([w["q_bias"], w["k_bias"], w["v_bias"]]).to(dev, dtype) if arch.qkv_bias else None,
+                wo=w["o"].to(dev, dtype),
+                mlp_norm=w["mlp_norm"].to(dev, dtype),
+                w_gate_up=torch.cat([w["gate"], w["up"]]).to(dev, dtype),
+                w_down=w["down"].to(dev, dtype),
+            ))
+            self.layers[-1].gate_up_packed = self._pack_for_cpu(self.layers[-1].w_gate_up)
+
+    @classmethod
+    def from_parts(cls, config, embed, norm: torch.Tensor, lm_head, layers: list[LayerWeights],
+                   max_positions: int | None = None) -> "LlamaRunner":
+        """A float32 CPU runner over weights built elsewhere: the layers' projections, the embedding
+        and the vocabulary projection may be a model file's own blocks (engine.model.quant), read
+        where they are stored instead of converted (engine/model/gguf_weights.py)."""
+        self = cls.__new__(cls)
+        self._place(config, torch.device("cpu"), torch.float32, max_positions, None)
+        self.embed, self.norm, self.lm_head, self.layers = embed, norm, lm_head, layers
+        self._lm_head_packed = self._pack_for_cpu(lm_head) if isinstance(lm_head, torch.Tensor) else None
+        for layer in layers:
+            if isinstance(layer.w_gate_up, torch.Tensor):
+                layer.gate_up_packed = self._pack_for_cpu(layer.w_gate_up)
+        return self
+
+    def _place(self, config, device, dtype: torch.dtype, max_positions: int | None, layer_devices) -> Architecture:
+        """Everything but the weights: the shape, where each layer computes, RoPE tables, K/V dtype."""
         self.config = config
         self.arch = arch = Architecture.from_config(config)
         self.device, self.dtype = torch.device(device), dtype
@@ -170,33 +215,8 @@ class LlamaRunner:
             and native.available()
         # K/V in float16 where the native kernel attends: half the bytes a step reads at 8K
         self.kv_dtype = torch.float16 if self.native_ops else dtype
-
-        def take(name: str, where: torch.device | None = None) -> torch.Tensor:
-            return state_tensor(state, name).to(where or self.device, dtype)
-
-        self.embed = take("embed_tokens.weight")  # [V, hidden]
-        self.norm = take("norm.weight", self.head_device)
-        lm_head = state.get("lm_head.weight")
-        if lm_head is None or arch.tie_embeddings:
-            self.lm_head = self.embed if self.head_device == self.device else self.embed.to(self.head_device)
-        else:
-            self.lm_head = lm_head.to(self.head_device, dtype)
-        self._lm_head_packed = self._pack_for_cpu(self.lm_head)
         self._fused: FusedLayers | bool | None = None  # layers in one native call each (False: not taken)
-        self.layers: list[LayerWeights] = []
-        for i in range(arch.n_layers):
-            w = layer_tensors(state, i, arch.qkv_bias)
-            dev = self.layer_devices[i]
-            self.layers.append(LayerWeights(
-                attn_norm=w["attn_norm"].to(dev, dtype),
-                wqkv=torch.cat([w["q"], w["k"], w["v"]]).to(dev, dtype),
-                bqkv=torch.cat([w["q_bias"], w["k_bias"], w["v_bias"]]).to(dev, dtype) if arch.qkv_bias else None,
-                wo=w["o"].to(dev, dtype),
-                mlp_norm=w["mlp_norm"].to(dev, dtype),
-                w_gate_up=torch.cat([w["gate"], w["up"]]).to(dev, dtype),
-                w_down=w["down"].to(dev, dtype),
-            ))
-            self.layers[-1].gate_up_packed = self._pack_for_cpu(self.layers[-1].w_gate_up)
+        return arch
 
     @classmethod
     def from_folder(cls, folder: Path, config, device: torch.device, dtype: torch.dtype,

@@ -148,29 +148,22 @@ def _cached_config(repo_id: str) -> Path | None:
 
 def _shape_from_gguf(path: Path) -> ModelShape:
     """Read the shape from GGUF metadata (memory-mapped; the tensors are not loaded)."""
-    try:
-        import gguf
+    from engine.store.gguf_file import read_header
 
-        reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # corrupt or not a GGUF file
-        raise ModelFormatError(f"cannot read GGUF file {path}: {exc}") from exc
+    header = read_header(path)  # ModelFormatError for a damaged file
 
     def field(key: str, default: Any = None) -> Any:
-        f = reader.fields.get(key)
-        if f is None:
-            return default
-        value = f.parts[f.data[0]]
-        return bytes(value).decode() if key == "general.architecture" else value.tolist()[0]
+        return header.metadata.get(key, default)
 
     arch = field("general.architecture")
     if arch is None:
         raise ModelFormatError(f"{path} has no general.architecture: not a model GGUF")
-    tensor_names = {t.name for t in reader.tensors}
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    tensor_names = set(header.tensors)
+    tokens = field("tokenizer.ggml.tokens")  # the number of tokens (the list is not read)
     hidden, heads = field(f"{arch}.embedding_length"), field(f"{arch}.attention.head_count")
     config = {
         "model_type": "qwen2" if arch == "qwen2" else "llama",
-        "vocab_size": field(f"{arch}.vocab_size") or (len(tokens.data) if tokens else 0),
+        "vocab_size": field(f"{arch}.vocab_size") or (tokens if isinstance(tokens, int) else 0),
         "hidden_size": hidden,
         "num_hidden_layers": field(f"{arch}.block_count"),
         "num_attention_heads": heads,

@@ -49,9 +49,15 @@ class LocalModel:
     name: str
     model_id: str
     path: Path
-    source: str  # "bundled" | "gguf" | "hub"
+    source: str  # "bundled" | "gguf" | "hub" | "folder"
     model_type: str
     size_bytes: int
+    # GGUF files only (path is then the .gguf): its block kinds and what a CPU run needs
+    kinds: str = ""  # "Q4_K 60%, Q6_K 40%"
+    runs: str = ""  # "every kind runs natively" / "... widened to float32"
+    widened: tuple[str, ...] = ()  # kinds widened to float32 at load
+    ram_bytes: int = 0  # mapped file + widened tensors + K/V at `context` tokens
+    context: int = 0
 
 
 # ---------------------------------------------------------------- folders and hashing

