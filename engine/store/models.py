@@ -16,7 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
-from engine.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
+from engine.errors import ModelFormatError, ModelNotFoundError
 from engine.store.model_folders import (ORIGIN_FILE, REPO_ID_RE, SPEC_HELP, TMP_PREFIX,  # noqa: F401 (re-exported)
                                         TOKENIZER_FILES, WEIGHTS_STAMP, Cancel, LocalModel, ModelFolder, Progress,
                                         ResolveCancelled, _check_cancel, _folder_model, _is_complete,
