@@ -29,8 +29,12 @@ import torch  # loads torch's libgomp first: the kernels then share its OpenMP r
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-VERSION = 8  # triforce_kernels_version() of the source this module speaks to
-KIND_CODES = {"Q4_0": 6, "Q4_1": 6, "Q8_0": 8}  # 6: a 4-bit kind repacked (repack_q4)
+VERSION = 9  # triforce_kernels_version() of the source this module speaks to
+# kernels.c's kind codes: 6 a 32-weight 4-bit kind repacked (repack_q4); the others read the file's
+# blocks as stored; STACKED_CODE a projection stacked from parts of several kinds (StackedBlocks)
+KIND_CODES = {"Q4_0": 6, "Q4_1": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q5_0": 20, "Q5_1": 21}
+STACKED_CODE = 1
+MAX_PARTS = 4  # parts a StackedBlocks holds (kernels.c StackedWeight)
 _FILE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 MAX_DIM = 256  # head sizes the attention kernel takes (a multiple of 8)
 BLOCK_KEYS = 32  # keys per block in kernels.c: the buffers it reads hold whole blocks
@@ -199,6 +203,8 @@ class BlockMatrix:
     __slots__ = ("array", "code", "pointer", "out")
 
     def __init__(self, kind: str, blocks: np.ndarray) -> None:
+        # Q8_0 and the K / 5-bit kinds are read as stored: a C-contiguous (maybe read-only, memory-
+        # mapped) array is used in place, never copied
         self.array = repack_q4(kind, blocks) if kind in _FILE_BLOCK_BYTES else np.ascontiguousarray(blocks)
         self.code, self.pointer, self.out = KIND_CODES[kind], self.array.ctypes.data, self.array.shape[0]
 
@@ -213,6 +219,11 @@ class BlockMatrix:
         _kernels().triforce_block_matmul(self.code, self.pointer, self.out, x.shape[1], x.data_ptr(), x.shape[0],
                                          y.data_ptr(), torch.get_num_threads())
         return y
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kernel reads per forward (the repacked or stored blocks)."""
+        return int(self.array.nbytes)
 
     @property
     def drafts_int16(self) -> bool:
@@ -233,9 +244,37 @@ class BlockMatrix:
         return y
 
 
+class _StackedWeight(ctypes.Structure):
+    _fields_ = [("parts", ctypes.c_int64), ("kinds", ctypes.c_int64 * MAX_PARTS),
+                ("blocks", ctypes.c_void_p * MAX_PARTS), ("rows", ctypes.c_int64 * MAX_PARTS)]
+
+
+class StackedBlocks(BlockMatrix):
+    """A projection stacked along `out` from parts of different kinds (a Q4_K_M file's q | k in Q4_K
+    and v in Q6_K): one kernel call computes each part's rows with its own kind's kernel into its
+    columns. `array` is the descriptor kernels.c reads; the parts keep their blocks alive."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[BlockMatrix]) -> None:
+        if not 1 <= len(parts) <= MAX_PARTS or any(p.code == STACKED_CODE for p in parts):
+            raise ValueError(f"StackedBlocks takes 1-{MAX_PARTS} single-kind parts, not {len(parts)}")
+        self.parts = parts
+        desc = _StackedWeight(len(parts))
+        for i, part in enumerate(parts):
+            desc.kinds[i], desc.blocks[i], desc.rows[i] = part.code, part.pointer, part.out
+        self.array = desc
+        self.code, self.pointer, self.out = STACKED_CODE, ctypes.addressof(desc), sum(p.out for p in parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(p.array.nbytes) for p in self.parts)
+
+
 def block_matmul(kind: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
     """x [T, in] float32 @ W.T -> [T, out] float32, W the file's own GGUF blocks as stored: blocks
-    [out, in / 32 * block bytes] uint8 (Q4_0, Q4_1 or Q8_0). One-off calls; a model keeps BlockMatrix."""
+    [out, in / weights per block * block bytes] uint8 (any kind in KIND_CODES). One-off calls; a
+    model keeps BlockMatrix."""
     return BlockMatrix(kind, blocks).matmul(x)
 
 
