@@ -70,22 +70,25 @@ def _compiler() -> str | None:
     return None
 
 
-def _build(compiler: str, target: Path, flags: list[str]) -> bool:
-    """Compile into a temporary file, then rename: another process never loads a half-written one."""
+def _build(compiler: str, target: Path, flags: list[str]) -> str:
+    """Compile into a temporary file, then rename: another process never loads a half-written one.
+    Returns "" when built, else what went wrong (the compiler's last words)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     cmd = [compiler, *flags, "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-lm"]
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as exc:
-        log.info("native kernels: %s failed (%s)", " ".join(cmd), exc)
-        return False
-    if result.returncode != 0:
-        log.info("native kernels: %s failed: %s", " ".join(cmd), result.stderr.strip()[-500:])
+        log.debug("native kernels: %s failed (%s)", " ".join(cmd), exc)
         tmp.unlink(missing_ok=True)
-        return False
+        return f"{Path(compiler).name} failed ({exc})"
+    if result.returncode != 0:
+        log.debug("native kernels: %s failed: %s", " ".join(cmd), result.stderr.strip()[-500:])
+        tmp.unlink(missing_ok=True)
+        lines = result.stderr.strip().splitlines()
+        return f"{Path(compiler).name} {' '.join(flags)} failed: {lines[-1][-160:] if lines else result.returncode}"
     os.replace(tmp, target)
-    return True
+    return ""
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -112,30 +115,50 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def _load() -> ctypes.CDLL | None:
+def _try_load() -> tuple[ctypes.CDLL | None, str]:
+    """The kernels built (or found in the cache) and loaded, or None and why not."""
     compiler = _compiler()
     if compiler is None:
-        log.info("native kernels: no C compiler found (set CC): the torch paths run")
-        return None
+        return None, "no C compiler found (set CC)"
+    if not SOURCE.is_file():
+        return None, f"{SOURCE} is missing"
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"{compiler} does not run ({exc})"
     source = SOURCE.read_bytes()
+    reason = "the build failed"
     for flags in _FLAGS:
         key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
                                          _cpu_id().encode(), platform.machine().encode()])).hexdigest()[:16]
         target = _cache_dir() / f"triforce-kernels-{key}{'.dll' if os.name == 'nt' else '.so'}"
         try:
-            if not target.is_file() and not _build(compiler, target, flags):
-                continue
+            if not target.is_file():
+                failed = _build(compiler, target, flags)
+                if failed:
+                    reason = failed
+                    continue
             lib = ctypes.CDLL(str(target))
             if lib.triforce_kernels_version() != VERSION:
+                reason = f"{target} is another version"
                 continue
-            return _declare(lib)
-        except OSError as exc:
-            log.info("native kernels: %s could not be loaded (%s)", target, exc)
-    return None
+            return _declare(lib), ""
+        except (OSError, AttributeError) as exc:  # unwritable cache, a library that does not load or lacks a symbol
+            reason = f"{target} could not be built or loaded ({exc})"
+            log.debug("native kernels: %s", reason)
+    return None, reason
+
+
+def _load() -> ctypes.CDLL | None:
+    """_try_load, and one log line where the kernels do not run: nothing that goes wrong here
+    reaches the caller (the torch paths then run)."""
+    try:
+        lib, reason = _try_load()
+    except Exception as exc:  # noqa: BLE001 - an unforeseen failure must not stop the engine either
+        lib, reason = None, f"{type(exc).__name__}: {exc}"
+    if lib is None:
+        log.warning("native kernels unavailable (%s): the slower torch paths run", reason)
+    return lib
 
 
 def _kernels() -> ctypes.CDLL | None:
