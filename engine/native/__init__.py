@@ -70,7 +70,12 @@ def _compiler() -> str | None:
     return None
 
 
-def _build(compiler: str, target: Path, flags: list[str]) -> str:
+def _build(compiler: str, target: Path, flags: list[str]) -> bool:
+    """Compile kernels.c into `target`; whether it was built."""
+    return not _compile(compiler, target, flags)
+
+
+def _compile(compiler: str, target: Path, flags: list[str]) -> str:
     """Compile into a temporary file, then rename: another process never loads a half-written one.
     Returns "" when built, else what went wrong (the compiler's last words)."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -134,7 +139,7 @@ def _try_load() -> tuple[ctypes.CDLL | None, str]:
         target = _cache_dir() / f"triforce-kernels-{key}{'.dll' if os.name == 'nt' else '.so'}"
         try:
             if not target.is_file():
-                failed = _build(compiler, target, flags)
+                failed = _compile(compiler, target, flags)
                 if failed:
                     reason = failed
                     continue

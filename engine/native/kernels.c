@@ -385,6 +385,7 @@ static inline __attribute__((always_inline)) void tile_stored(int kind, const ui
                 d[0] = half_to_float(blk);
                 m[0] = kind == KIND_Q5_0 ? -16.0f * d[0] : half_to_float(blk + 2);
             }
+            #pragma GCC unroll 8
             for (int j = 0; j < subs; j++) {
                 v8f w[4];
                 if (kind == KIND_Q4_K) {
@@ -417,46 +418,68 @@ static inline __attribute__((always_inline)) void tile_stored(int kind, const ui
         for (int t = 0; t < nt; t++) y[(t0 + t) * ys + o + r] = hsum8(acc[r][t][0] + acc[r][t][1]);
 }
 
-/* Rows [0, out) of one weight of one kind into y's columns [0, out), row stride ys. kind: 6 (Q4_0 or
- * Q4_1 repacked), 8 (Q8_0): blocks [out, row_bytes(kind, in / 32)]; a stored kind (Q4_K ... Q5_1):
- * blocks [out, in / weights per block * block bytes], as in the file. */
-static void block_matmul_into(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
-                              float *y, int64_t ys, int threads) {
+static inline __attribute__((always_inline)) void matmul_rows(int kind, const uint8_t *blocks, int64_t out,
+                                                               int64_t in, const float *x, int64_t T, float *y,
+                                                               int64_t ys, int64_t o) {
     const int stored = is_stored_kind(kind);
     const int64_t nb = stored ? in / stored_block_weights(kind) : in / 32;
-    const int64_t pairs = (out + ROWS_PER_PASS - 1) / ROWS_PER_PASS;
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t p = 0; p < pairs; p++) {
-        const int64_t o = p * ROWS_PER_PASS;
-        const int nr = out - o < ROWS_PER_PASS ? (int)(out - o) : ROWS_PER_PASS;
-        for (int64_t t0 = 0; t0 < T; t0 += TOKENS_PER_PASS) {
-            const int nt = T - t0 < TOKENS_PER_PASS ? (int)(T - t0) : TOKENS_PER_PASS;
-            /* constant counts keep the accumulators in registers: two rows at a time for one or two
-             * tokens (enough independent sums to hide the FMA latency), one row for three to eight */
+    const int nr = out - o < ROWS_PER_PASS ? (int)(out - o) : ROWS_PER_PASS;
+    for (int64_t t0 = 0; t0 < T; t0 += TOKENS_PER_PASS) {
+        const int nt = T - t0 < TOKENS_PER_PASS ? (int)(T - t0) : TOKENS_PER_PASS;
+        /* constant counts keep the accumulators in registers: two rows at a time for one or two
+         * tokens (enough independent sums to hide the FMA latency), one row for three to eight */
 #define TILE(NT, O, NR) do { if (stored) tile_stored(kind, blocks, nb, x, in, t0, NT, y, ys, O, NR); \
                              else tile(kind, blocks, nb, x, in, t0, NT, y, ys, O, NR); } while (0)
 #define TWO_ROWS(NT) if (nr == 2) TILE(NT, o, 2); else TILE(NT, o, 1)
 #define ROW_BY_ROW(NT) for (int r = 0; r < nr; r++) TILE(NT, o + r, 1)
-            switch (nt) {
-            case 1: TWO_ROWS(1); break;
-            case 2: TWO_ROWS(2); break;
+        if (stored) {  /* fewer instances (five per kind keep the build short): decoding's one token
+                        * and two in registers, larger verifications one tile of any count */
+            if (nt == 1) { TWO_ROWS(1); }
+            else if (nt == 2) { TWO_ROWS(2); }
+            else ROW_BY_ROW(nt);
+            continue;
+        }
+        switch (nt) {
+        case 1: TWO_ROWS(1); break;
+        case 2: TWO_ROWS(2); break;
 #ifdef __AVX512F__  /* 32 registers: two rows at a time up to six tokens */
-            case 3: TWO_ROWS(3); break;
-            case 4: TWO_ROWS(4); break;
-            case 5: TWO_ROWS(5); break;
-            case 6: TWO_ROWS(6); break;
+        case 3: TWO_ROWS(3); break;
+        case 4: TWO_ROWS(4); break;
+        case 5: TWO_ROWS(5); break;
+        case 6: TWO_ROWS(6); break;
 #else
-            case 3: ROW_BY_ROW(3); break;
-            case 4: ROW_BY_ROW(4); break;
-            case 5: ROW_BY_ROW(5); break;
-            case 6: ROW_BY_ROW(6); break;
+        case 3: ROW_BY_ROW(3); break;
+        case 4: ROW_BY_ROW(4); break;
+        case 5: ROW_BY_ROW(5); break;
+        case 6: ROW_BY_ROW(6); break;
 #endif
-            case 7: ROW_BY_ROW(7); break;
-            default: ROW_BY_ROW(8); break;
-            }
+        case 7: ROW_BY_ROW(7); break;
+        default: ROW_BY_ROW(8); break;
+        }
 #undef TWO_ROWS
 #undef ROW_BY_ROW
 #undef TILE
+    }
+}
+
+/* Rows [0, out) of one weight of one kind into y's columns [0, out), row stride ys. kind: 6 (Q4_0 or
+ * Q4_1 repacked), 8 (Q8_0): blocks [out, row_bytes(kind, in / 32)]; a stored kind (Q4_K ... Q5_1):
+ * blocks [out, in / weights per block * block bytes], as in the file. Each kind gets its own
+ * instance of the tiles (a constant kind: no per-block branching on it, shifts by constants). */
+static void block_matmul_into(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
+                              float *y, int64_t ys, int threads) {
+    const int64_t pairs = (out + ROWS_PER_PASS - 1) / ROWS_PER_PASS;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < pairs; p++) {
+        const int64_t o = p * ROWS_PER_PASS;
+        switch (kind) {
+        case 6: matmul_rows(6, blocks, out, in, x, T, y, ys, o); break;
+        case 8: matmul_rows(8, blocks, out, in, x, T, y, ys, o); break;
+        case KIND_Q4_K: matmul_rows(KIND_Q4_K, blocks, out, in, x, T, y, ys, o); break;
+        case KIND_Q5_K: matmul_rows(KIND_Q5_K, blocks, out, in, x, T, y, ys, o); break;
+        case KIND_Q6_K: matmul_rows(KIND_Q6_K, blocks, out, in, x, T, y, ys, o); break;
+        case KIND_Q5_0: matmul_rows(KIND_Q5_0, blocks, out, in, x, T, y, ys, o); break;
+        default: matmul_rows(KIND_Q5_1, blocks, out, in, x, T, y, ys, o); break;
         }
     }
 }
