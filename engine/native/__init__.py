@@ -38,6 +38,7 @@ MAX_PARTS = 4  # parts a StackedBlocks holds (kernels.c StackedWeight)
 _FILE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 MAX_DIM = 256  # head sizes the attention kernel takes (a multiple of 8)
 BLOCK_KEYS = 32  # keys per block in kernels.c: the buffers it reads hold whole blocks
+BUILD_TIMEOUT_S = 600  # a build takes seconds of CPU, but minutes of wall time on a busy machine
 _FLAGS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])  # tried in order
 _lock = threading.Lock()
 _loaded: list[ctypes.CDLL | None] = []  # [] until the first call: built and loaded once per process
@@ -82,7 +83,7 @@ def _compile(compiler: str, target: Path, flags: list[str]) -> str:
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     cmd = [compiler, *flags, "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-lm"]
     try:
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as exc:
         log.debug("native kernels: %s failed (%s)", " ".join(cmd), exc)
         tmp.unlink(missing_ok=True)
