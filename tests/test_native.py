@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
+from kquant_pack import pack_k
 
 from engine import native
 from engine.kv.attention import causal_mask, gqa_attention
 from engine.kv.full import FullCache
 from engine.kv.rope import Rotary
 from engine.model.quant import DENSE_ABOVE, QuantWeight, dequantize_blocks
-from kquant_pack import pack_k
 
 pytestmark = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler")
 

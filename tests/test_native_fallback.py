@@ -7,6 +7,8 @@ import logging
 import numpy as np
 import pytest
 import torch
+from streams import answer_tokens
+from test_quant import K_TINY_CONFIG, K_TINY_KINDS, quantize_rows, write_tiny_gguf
 
 from engine import native
 from engine.decoding.session import ChatSession
@@ -14,8 +16,6 @@ from engine.events import ChatMessage, DocumentText
 from engine.model.loading import load_folder
 from engine.model.quant import SUPPORTED, QuantWeight
 from engine.settings import DecodeSettings
-from streams import answer_tokens
-from test_quant import K_TINY_CONFIG, K_TINY_KINDS, quantize_rows, write_tiny_gguf
 
 
 def _break(breakage: str, monkeypatch, tmp_path) -> None:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
+from kquant_pack import pack_k
 
 from engine.tools import requantize
-from kquant_pack import pack_k
 
 
 def _small_gguf(path, kind: str = "Q4_K") -> None:
