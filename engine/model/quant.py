@@ -16,7 +16,10 @@ element j's fifth bit. A K super-block holds 256 weights in sub-blocks with thei
   Q6_K: [128 bytes ql][64 bytes qh][16 int8 scales][d f16]  w = (d sc_k) (q - 32) per 16 weights,
         q in 0..63 (4 bits from ql, 2 from qh)
 Every product in these formulas is exact in float32, so the widened weights are gguf's bits
-whatever the order of the arithmetic.
+whatever the order of the arithmetic. A fused projection whose parts differ in kind (a Q4_K_M
+file's q, k in Q4_K and v in Q6_K) is a StackedWeight: each part runs as its own kind. L1 drafts
+with int16 activations only on the repacked Q4_0/Q4_1 blocks; the other kinds draft through the
+float kernel, so L1's forwards there are the target's own.
 
 Decoding and verification (up to DENSE_ABOVE tokens) run the blocks as stored through the native
 kernel (engine/native/kernels.c): each block is widened to float32 in registers and multiplied with
