@@ -20,7 +20,7 @@ def _small_gguf(path, kind: str = "Q4_K") -> None:
 
 
 def test_the_tool_runs_the_quantizer_per_type_and_lists_the_kinds(tmp_path, capsys):
-    source = tmp_path / "Model-Q4_1.gguf"
+    source = tmp_path / "Model.Q4_1.gguf"
     _small_gguf(source)
     fake = tmp_path / "llama-quantize"  # copies its input: args are --allow-requantize SRC DST TYPE
     fake.write_text('#!/bin/sh\n[ "$1" = --allow-requantize ] && cp "$2" "$3"\n')

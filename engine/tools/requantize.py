@@ -3,7 +3,7 @@
 
     .venv/bin/python -m engine.tools.requantize [--types Q4_K_M,Q6_K] [--out DIR] [--quantize PATH]
 
-writes DIR/SmolLM2-135M-Instruct-<TYPE>.gguf for each type (default DIR ~/.cache/triforce-test-models,
+writes DIR/SmolLM2-135M-Instruct-<TYPE>.gguf for each type (the source's name without its kind) (default DIR ~/.cache/triforce-test-models,
 quantizer $TRIFORCE_LLAMA_QUANTIZE, else the one tools/build-llama-cpp-server.sh builds under
 ~/.cache/llama-cpp-peer/build/bin) and prints each file's block kinds and whether all of them run
 natively. The bundled file is Q4_1, so the quantizer re-quantizes (--allow-requantize): the weights
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -46,7 +47,7 @@ def block_kinds(path: Path) -> Counter:
 def requantize(source: Path, out: Path, types: list[str], tool: Path) -> list[Path]:
     """Write out/<source stem without its kind>-<TYPE>.gguf for each type; returns the paths."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = source.stem.rsplit("-", 1)[0] if "-" in source.stem else source.stem
+    stem = re.sub(r"[.-](I?Q\d\w*|F16|BF16|F32)$", "", source.stem, flags=re.IGNORECASE)  # drop the kind
     written = []
     for qtype in types:
         dest = out / f"{stem}-{qtype}.gguf"
