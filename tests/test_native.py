@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
+from kquant_pack import pack_k
 
 from engine import native
 from engine.kv.attention import causal_mask, gqa_attention
@@ -340,3 +341,75 @@ def test_the_float16_stores_round_as_torch_does(tmp_path):
     nan, source = torch.empty(1, dtype=torch.int16), torch.tensor([float("nan")])
     native.library().triforce_to_half(source.data_ptr(), 1, nan.data_ptr())
     assert nan.view(torch.float16).isnan().all()
+
+
+# ---------------------------------------------------------------- kinds read as stored: K super-blocks, 5-bit
+
+STORED_KINDS = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
+# a byte of each field of a row's first block, and the bit flipped in it: a nibble's, a scale's, a
+# min's, a fifth/sixth bit's (the fields a kernel could misread)
+FAULTS = {"Q4_K": {"scale": (4, 0x10), "min": (8, 0x10), "top scale bits": (0, 0x40), "nibble": (60, 0x10)},
+          "Q5_K": {"scale": (5, 0x10), "min": (9, 0x10), "fifth bit": (20, 0x02), "nibble": (100, 0x01)},
+          "Q6_K": {"low nibble": (5, 0x04), "high nibble": (70, 0x40), "sixth bits": (140, 0x20), "scale": (194, 0x10)},
+          "Q5_0": {"scale": (1, 0x04), "fifth bit": (4, 0x01), "nibble": (9, 0x80)},
+          "Q5_1": {"min": (3, 0x04), "fifth bit": (5, 0x10), "nibble": (12, 0x01)}}
+
+
+def _stored_blocks(kind: str, out: int, width: int, seed: int = 0) -> np.ndarray:
+    rows = np.random.default_rng(seed).standard_normal((out, width)).astype(np.float32)
+    return pack_k(kind, rows) if kind.endswith("_K") else quants.quantize(rows, GGMLQuantizationType[kind])
+
+
+@pytest.mark.parametrize("kind", STORED_KINDS)
+@pytest.mark.parametrize("out,width", [(1, 256), (7, 512), (130, 1536)])
+def test_stored_kinds_matmul_is_the_oracle_and_a_misread_field_fails_it(kind, out, width):
+    """The file's bytes read as stored times float32 activations: x @ dequantize(W).T up to the
+    order of a float32 sum. One bit of one nibble, scale, min or high-bit field read wrong (here: the
+    blocks with that bit flipped) misses the oracle by far more than the tolerance."""
+    blocks = _stored_blocks(kind, out, width, seed=out)
+    x = torch.randn(9, width, generator=torch.Generator().manual_seed(3))
+    want = x @ dequantize_blocks(kind, blocks, width).T
+    tolerance = 1e-5 * float(want.abs().max())
+    got = native.block_matmul(kind, blocks, x)
+    assert got.shape == (9, out)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=tolerance)
+    for field, (at, bit) in FAULTS[kind].items():
+        wrong = blocks.copy()
+        wrong[0, at] ^= bit
+        missed = (native.block_matmul(kind, wrong, x) - want).abs().max()
+        assert missed > 100 * tolerance, (kind, field, float(missed))
+
+
+@pytest.mark.parametrize("kind", STORED_KINDS)
+def test_a_stored_kinds_row_has_the_same_bits_whatever_the_number_of_tokens(kind):
+    blocks = _stored_blocks(kind, 67, 512, seed=5)
+    x = torch.randn(DENSE_ABOVE, 512, generator=torch.Generator().manual_seed(4))
+    alone = torch.cat([native.block_matmul(kind, blocks, x[i:i + 1]) for i in range(DENSE_ABOVE)])
+    for size in (2, 3, 4, 5, 7, 8, 13, DENSE_ABOVE):
+        assert torch.equal(native.block_matmul(kind, blocks, x[:size]), alone[:size]), size
+
+
+def test_stored_blocks_are_read_in_place_from_a_read_only_map(tmp_path):
+    """A memory-mapped file's bytes (read-only) are what the kernel reads: no copy is made."""
+    blocks = _stored_blocks("Q4_K", 33, 512, seed=6)
+    path = tmp_path / "blocks.bin"
+    blocks.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r", shape=blocks.shape)
+    matrix = native.BlockMatrix("Q4_K", mapped)
+    assert matrix.pointer == mapped.ctypes.data and not matrix.array.flags.writeable
+    x = torch.randn(2, 512)
+    assert torch.equal(matrix.matmul(x), native.block_matmul("Q4_K", blocks, x))
+    weight = QuantWeight("Q4_K", mapped, 512)
+    assert torch.equal(weight.matmul(x), matrix.matmul(x)) and torch.equal(weight.rows(torch.tensor([3])),
+                                                                            weight.dequantize()[3:4])
+
+
+def test_a_stacked_weight_runs_each_part_with_its_own_kernel_in_one_call():
+    parts = [native.BlockMatrix(kind, _stored_blocks(kind, rows, 512, seed=rows))
+             for kind, rows in (("Q4_K", 40), ("Q6_K", 24), ("Q8_0", 8), ("Q4_1", 16))]
+    stacked = native.StackedBlocks(parts)
+    assert stacked.out == 88 and stacked.code == native.STACKED_CODE and not stacked.drafts_int16
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(stacked.matmul(x), torch.cat([p.matmul(x) for p in parts], dim=1))
+    with pytest.raises(ValueError):
+        native.StackedBlocks([stacked])

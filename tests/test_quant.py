@@ -24,6 +24,7 @@ from engine.model import quant
 from engine.model.quant import (CACHE_FILE, DENSE_ABOVE, QuantWeight, cpu_prefill_attention_dtype, dequantize_blocks,
                                 unpermute_rows, widened_for_prefill)
 from engine.settings import DecodeSettings
+from kquant_pack import pack_k
 from streams import answer_tokens
 from test_lossless import TINY_SETTINGS
 
@@ -115,13 +116,16 @@ TINY_KINDS = {"q": "Q4_0", "k": "Q4_0", "v": "Q4_0", "o": "Q4_1", "gate": "Q4_1"
               "down": "Q8_0", "embed": "Q8_0", "lm_head": "Q4_0"}  # every kind, an untied output
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tiny_model_dir, tmp_path_factory):
-    """A tiny random Llama written as a quantized GGUF (as llama.cpp lays it out: Q/K rows
-    interleaved), plus its converted folder: float32 safetensors of the dequantized weights (the
-    oracle) and an origin record pointing at the GGUF, as the model store writes them."""
-    source = tiny_model_dir("llama")
-    root = tmp_path_factory.mktemp("tiny-gguf")
+def quantize_rows(weights: np.ndarray, kind: str) -> np.ndarray:
+    """float32 [out, in] -> GGUF blocks of `kind`: gguf's quantizer, or the test kit's for the K kinds."""
+    return pack_k(kind, weights) if kind.endswith("_K") else quants.quantize(weights, GGMLQuantizationType[kind])
+
+
+def write_tiny_gguf(source, root, kinds: dict[str, str]):
+    """The tiny random Llama at `source` written as a quantized GGUF under `root` (as llama.cpp lays it
+    out: Q/K rows interleaved), `kinds` by role (q k v o gate up down embed lm_head), plus its
+    converted folder: float32 safetensors of the dequantized weights (the oracle) and an origin
+    record pointing at the GGUF, as the model store writes them. Returns the folder."""
     folder = root / "converted"
     shutil.copytree(source, folder)
     config = json.loads((folder / "config.json").read_text())
@@ -139,12 +143,12 @@ def tiny_gguf(tiny_model_dir, tmp_path_factory):
         for hf, gg in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm")):
             writer.add_tensor(f"blk.{i}.{gg}.weight", state[f"model.layers.{i}.{hf}.weight"].numpy())
     for key, (hf_name, gguf_name) in names.items():
-        kind = GGMLQuantizationType[TINY_KINDS[key.split(".")[-1]]]
+        kind = GGMLQuantizationType[kinds[key.split(".")[-1]]]
         w = state[hf_name].numpy()
         n_head = {"q": heads, "k": kv_heads}.get(key.split(".")[-1])
         if n_head:  # stored interleaved; quantizing whole rows commutes with the row order
             w = w.reshape(n_head, 2, -1, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
-        blocks = quants.quantize(w, kind)
+        blocks = quantize_rows(w, kind.name)
         writer.add_tensor(gguf_name, blocks, raw_dtype=kind)
         oracle = torch.from_numpy(quants.dequantize(blocks, kind).copy())
         if n_head:
@@ -162,6 +166,12 @@ def tiny_gguf(tiny_model_dir, tmp_path_factory):
               "gguf_path": str(root / "tiny.gguf")}
     (folder / "triforce-origin.json").write_text(json.dumps(origin))
     return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_model_dir, tmp_path_factory):
+    """A tiny random Llama as a GGUF of Q4_0, Q4_1 and Q8_0 blocks, with its float32 oracle folder."""
+    return write_tiny_gguf(tiny_model_dir("llama"), tmp_path_factory.mktemp("tiny-gguf"), TINY_KINDS)
 
 
 @pytest.fixture(scope="module")
@@ -494,3 +504,186 @@ def test_prefill_attends_in_bfloat16_only_where_the_cpu_multiplies_it(monkeypatc
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     assert cpu_prefill_attention_dtype() == expected
+
+
+# ---------------------------------------------------------------- K-quants and the 5-bit kinds
+
+NEW_KINDS = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
+
+
+def _random_bytes(kind: str, out: int, width: int, seed: int) -> np.ndarray:
+    """Blocks of `kind` whose every byte is random (every code, scale and min bit pattern) except
+    the float16 d / dmin / m, kept finite and small."""
+    rng = np.random.default_rng(seed)
+    size = quant.BLOCK_BYTES[kind]
+    raw = rng.integers(0, 256, (out, width // quant.BLOCK_WEIGHTS[kind], size), dtype=np.uint8)
+    halves = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,), "Q5_1": (0, 2)}[kind]
+    for at in halves:
+        raw[..., at:at + 2] = (rng.standard_normal(raw.shape[:2]) * 0.02).astype(np.float16).view(np.uint8).reshape(
+            *raw.shape[:2], 2)
+    return raw.reshape(out, -1)
+
+
+def _new_kind_blocks(kind: str, out: int, width: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return quantize_rows(rng.standard_normal((out, width)).astype(np.float32), kind)
+
+
+def assert_dequantize_is_gguf_own(kind: str, blocks: np.ndarray, width: int) -> None:
+    ours = dequantize_blocks(kind, blocks, width).numpy()
+    theirs = quants.dequantize(blocks, GGMLQuantizationType[kind])
+    assert ours.dtype == np.float32 and ours.shape == theirs.shape
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)), f"{kind}: not gguf's bits"
+
+
+@pytest.mark.parametrize("kind", NEW_KINDS)
+def test_new_kinds_dequantize_to_gguf_own_bits(kind):
+    """Bit for bit equal to gguf.quants.dequantize: on the packer's blocks and on random bytes (every
+    scale, min, nibble and high-bit pattern); an embedding's rows likewise."""
+    for blocks in (_new_kind_blocks(kind, 9, 512), _random_bytes(kind, 9, 512, seed=1)):
+        assert_dequantize_is_gguf_own(kind, blocks, 512)
+        weight = QuantWeight(kind, blocks, 512)
+        theirs = quants.dequantize(blocks, GGMLQuantizationType[kind])
+        assert torch.equal(weight.rows(torch.tensor([8, 0, 3])), torch.from_numpy(theirs[[8, 0, 3]]))
+
+
+def _scales_high_bits_from_the_wrong_bytes(packed):
+    a, b, c = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    return (torch.cat([a & 63, (c & 0xF) | ((b >> 6) << 4)], dim=-1),  # scales' top bits read from the mins' bytes
+            torch.cat([b & 63, (c >> 4) | ((a >> 6) << 4)], dim=-1))
+
+
+def _mins_nibble_swapped(packed):
+    a, b, c = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    return (torch.cat([a & 63, (c >> 4) | ((a >> 6) << 4)], dim=-1),  # sub-blocks 4-7: scale and min nibbles swapped
+            torch.cat([b & 63, (c & 0xF) | ((b >> 6) << 4)], dim=-1))
+
+
+@pytest.mark.parametrize("bug", [_scales_high_bits_from_the_wrong_bytes, _mins_nibble_swapped])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K"])
+def test_the_bit_check_catches_a_wrongly_read_scale_or_min(kind, bug, monkeypatch):
+    """The test above has teeth: a decoder reading the packed six-bit scales or mins wrong fails it."""
+    monkeypatch.setattr(quant, "_k_scale_min", bug)
+    with pytest.raises(AssertionError, match="not gguf's bits"):
+        assert_dequantize_is_gguf_own(kind, _random_bytes(kind, 4, 512, seed=2), 512)
+
+
+@pytest.mark.parametrize("kind", NEW_KINDS)
+def test_the_bit_check_catches_one_wrong_nibble_or_scale_byte(kind):
+    """Blocks read with one nibble, one scale/min byte or one high bit off (what a kernel or decoder
+    misreading that field computes) never pass for gguf's bits."""
+    blocks = _random_bytes(kind, 3, 512, seed=3)
+    theirs = quants.dequantize(blocks, GGMLQuantizationType[kind])
+    size = quant.BLOCK_BYTES[kind]
+    fields = {"Q4_K": {"scale": 5, "min": 9, "nibble": 100}, "Q5_K": {"scale": 6, "min": 10, "qh": 20, "nibble": 120},
+              "Q6_K": {"nibble": 30, "qh": 150, "scale": 195}, "Q5_0": {"qh": 3, "nibble": 10},
+              "Q5_1": {"min": 3, "qh": 5, "nibble": 12}}[kind]
+    for field, at in fields.items():
+        wrong = blocks.copy().reshape(3, -1, size)
+        wrong[1, 0, at] ^= 0x10 if field != "qh" else 0x01  # a high nibble's low bit; a fifth/sixth bit
+        got = dequantize_blocks(kind, wrong.reshape(3, -1), 512).numpy()
+        assert not np.array_equal(got, theirs), (kind, field)
+
+
+@pytest.mark.parametrize("kind", NEW_KINDS)
+def test_new_kinds_matmul_is_the_oracle_and_row_invariant(kind):
+    """QuantWeight.matmul (the native kernel here; the widened float32 copy without one) is x @ W.T
+    of the dequantized weight within float32 rounding, a row's bits do not depend on the tokens
+    beside it, and a prefill chunk is the oracle's GEMM exactly."""
+    blocks = _new_kind_blocks(kind, 70, 512, seed=4)
+    weight = QuantWeight(kind, blocks, 512)
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(5))
+    oracle = x @ weight.dequantize().T
+    got = weight.matmul(x)
+    torch.testing.assert_close(got, oracle, rtol=1e-5, atol=1e-5 * float(oracle.abs().max()))
+    for start, size in ((0, 1), (4, 1), (2, 3), (1, 8)):
+        assert torch.equal(weight.matmul(x[start:start + size]), got[start:start + size])
+    assert torch.equal(weight.matmul_draft(x), got)  # no int16 path for these kinds: L1 runs the float kernel
+    assert not weight.drafts_int16
+    big = torch.randn(DENSE_ABOVE + 1, 512)
+    assert torch.equal(weight.matmul(big), torch.nn.functional.linear(big, weight.dequantize()))
+
+
+def test_a_stacked_projection_of_mixed_kinds_is_its_parts_side_by_side():
+    """q | k in Q4_K and v in Q6_K (a Q4_K_M file's attention) run as one projection: each part's
+    columns are the part's own matmul, bit for bit."""
+    parts = [QuantWeight(kind, _new_kind_blocks(kind, rows, 256, seed=rows), 256)
+             for kind, rows in (("Q4_K", 64), ("Q4_K", 32), ("Q6_K", 32))]
+    stacked = quant.StackedWeight(parts)
+    assert stacked.shape == (128, 256) and stacked.kind == "Q4_K+Q4_K+Q6_K"
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(stacked.matmul(x), torch.cat([p.matmul(x) for p in parts], dim=1))
+    assert torch.equal(stacked.dequantize(), torch.cat([p.dequantize() for p in parts]))
+    assert stacked.native == native.available() and stacked.nbytes() == sum(p.nbytes() for p in parts)
+
+
+# A tiny Llama whose every projection takes K super-blocks (hidden 256, 4 heads of 64, MLP 512):
+# the kinds a Q4_K_M file mixes, v in another kind than q and k (a stacked projection)
+K_TINY_KINDS = {"q": "Q4_K", "k": "Q4_K", "v": "Q6_K", "o": "Q5_K", "gate": "Q4_K", "up": "Q4_K",
+                "down": "Q6_K", "embed": "Q8_0", "lm_head": "Q6_K"}
+K_TINY_CONFIG = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=512)
+
+
+@pytest.fixture(scope="module")
+def k_tiny_pair(tiny_model_dir, tmp_path_factory):
+    """(the K-quant GGUF's own blocks, the float32 oracle) of a tiny mixed-kind model."""
+    folder = write_tiny_gguf(tiny_model_dir("llama", **K_TINY_CONFIG), tmp_path_factory.mktemp("k-tiny"), K_TINY_KINDS)
+    return load_folder(folder, file_blocks=True), load_folder(folder, file_blocks=False)
+
+
+def test_a_k_quant_gguf_runs_every_projection_from_its_own_blocks(k_tiny_pair):
+    quantized, oracle = k_tiny_pair
+    runner = quantized.runner
+    for layer in runner.layers:
+        assert isinstance(layer.wqkv, quant.StackedWeight) and layer.wqkv.kind == "Q4_K+Q4_K+Q6_K"
+        assert (layer.wo.kind, layer.w_gate_up.kind, layer.w_down.kind) == ("Q5_K", "Q4_K", "Q6_K")
+        assert all(w.native == native.available() for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down))
+    assert runner.embed.kind == "Q8_0" and runner.lm_head.kind == "Q6_K"
+    assert not runner.drafts_int16  # L1 drafts through the float kernel on these kinds
+    assert torch.equal(runner.layers[1].wqkv.dequantize(), oracle.runner.layers[1].wqkv)  # HF row order
+    ids = torch.tensor([1, 17, 4242, 99, 31000, 5, 8])
+    logits = [m.runner.forward(ids, torch.arange(7), m.runner.new_full_cache(16)) for m in (quantized, oracle)]
+    rms = logits[1].pow(2).mean().sqrt()
+    assert (logits[0] - logits[1]).abs().max() <= 1e-4 * rms  # float32 activations: the oracle up to sums' order
+
+
+@pytest.mark.parametrize("mode", [dict(mode="draft-only", gamma1=4), dict(mode="retrieval-only", budget=64, chunk=16,
+                                  gamma2=4), dict(mode="triforce", budget=64, chunk=16, gamma1=3, gamma2=5),
+                                  dict(mode="auto", budget=64, chunk=16)],
+                         ids=lambda o: o["mode"])
+def test_every_mode_is_lossless_on_a_k_quant_target(k_tiny_pair, sample_text, mode):
+    target = k_tiny_pair[0]
+    doc = [DocumentText("Hamlet", sample_text[:3000])]
+    messages = [ChatMessage("user", "Repeat the first line of the play.")]
+    base = DecodeSettings(max_new_tokens=40)
+    reference, _ = answer_tokens(ChatSession(target, base.replace(mode="ar"), draft="none", capacity=2048),
+                                 messages, doc)
+    got, _ = answer_tokens(ChatSession(target, base.replace(**mode), draft="ngram", capacity=2048), messages, doc)
+    assert got == reference
+
+
+def test_a_k_quant_layer_in_one_native_call_gives_the_python_layers_bits(k_tiny_pair, sample_text):
+    """The whole-layer native call reads the stored K blocks and the stacked q|k|v as the Python
+    layers do: the same logits and K/V, for the target and for a drafting forward."""
+    if not native.available():
+        pytest.skip("no native kernels")
+    runner = k_tiny_pair[0].runner
+    ids = k_tiny_pair[0].tokenizer(sample_text[:2000])["input_ids"][:200]
+    runner._fused = None
+    fulls = [_prefilled(runner, ids) for _ in range(2)]
+    assert isinstance(runner._fused, FusedLayers)
+    held = fulls[0].length
+    for draft in (False, True):
+        for n in (1, 5):
+            tokens, positions = torch.tensor(ids[:n]), torch.arange(len(ids), len(ids) + n)
+            got = []
+            for cache, fused in zip(fulls, (None, False)):
+                runner._fused = fused
+                got.append(runner.forward(tokens, positions, cache, draft=draft))
+            assert torch.equal(got[0], got[1]), (draft, n)
+            for layer in range(len(runner.layers)):
+                for a, b in zip(fulls[0].kv_buffers(layer), fulls[1].kv_buffers(layer)):
+                    assert torch.equal(a[:, held:held + n], b[:, held:held + n])
+            for cache in fulls:
+                cache.rollback(held)
+    runner._fused = None

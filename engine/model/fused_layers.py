@@ -6,9 +6,11 @@ and on a small CPU their Python and dispatch cost is a large share of the forwar
 one ctypes call running the same
 kernels in the same order, so the bits are LlamaRunner.forward's (a test compares them); the
 embedding lookup, the final norm and the vocabulary projection stay in Python. A drafting forward
-(draft=True, L1) takes the int16-activation matmul on the 4-bit blocks, as its Python layers do.
+(draft=True, L1) takes the int16-activation matmul on the repacked Q4_0/Q4_1 blocks, as its Python
+layers do; every other kind (Q8_0, Q5_0, Q5_1, the K kinds, a stacked q|k|v) drafts through the
+float kernel, the target's own arithmetic.
 
-Taken when every layer's projections are native GGUF blocks (4-bit or Q8_0) without biases, the
+Taken when every layer's projections are native GGUF blocks (any kind, or parts of several) without biases, the
 forward checks at most MAX_TOKENS tokens, and the cache says it attends as the fused layer does
 (KVCache.fused_ok: the full cache and the retrieval cache on native CPU buffers); prefill chunks,
 float32 weights and the other caches run the Python layers.

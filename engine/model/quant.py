@@ -1,10 +1,25 @@
-"""The model file's own low-bit weights on the CPU: GGUF Q4_0, Q4_1 and Q8_0 blocks, run as stored.
+"""The model file's own low-bit weights on the CPU: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K
+and Q6_K blocks, run as stored.
 
-A GGUF block holds 32 weights of one row with its own float16 scale (and minimum, for Q4_1):
-  Q4_0: [d f16][16 bytes of nibbles]        w = d * (q - 8),  q in 0..15
-  Q4_1: [d f16][m f16][16 bytes of nibbles] w = d * q + m,    q in 0..15
-  Q8_0: [d f16][32 int8]                    w = d * q,        q in -128..127
-Nibble j of a block holds element j (low 4 bits) and element j + 16 (high 4 bits).
+A 32-weight GGUF block holds weights of one row with its own float16 scale (and minimum):
+  Q4_0: [d f16][16 bytes of nibbles]                  w = d * (q - 8),  q in 0..15
+  Q4_1: [d f16][m f16][16 bytes of nibbles]           w = d * q + m,    q in 0..15
+  Q5_0: [d f16][qh u32][16 bytes of nibbles]          w = d * (q - 16), q in 0..31
+  Q5_1: [d f16][m f16][qh u32][16 bytes of nibbles]   w = d * q + m,    q in 0..31
+  Q8_0: [d f16][32 int8]                              w = d * q,        q in -128..127
+Nibble j of a block holds element j (low 4 bits) and element j + 16 (high 4 bits); bit j of qh is
+element j's fifth bit. A K super-block holds 256 weights in sub-blocks with their own scales:
+  Q4_K: [d f16][dmin f16][12 bytes: 8 six-bit scales sc, 8 mins mn][128 bytes of nibbles]
+        w = (d sc_j) q - (dmin mn_j) in sub-block j of 32, q in 0..15 (nibble j % 2 of bytes
+        32 (j / 2) .. 32 (j / 2) + 31)
+  Q5_K: Q4_K with [32 bytes qh] before the nibbles (bit j of qh[i]: element i of sub-block j's fifth bit)
+  Q6_K: [128 bytes ql][64 bytes qh][16 int8 scales][d f16]  w = (d sc_k) (q - 32) per 16 weights,
+        q in 0..63 (4 bits from ql, 2 from qh)
+Every product in these formulas is exact in float32, so the widened weights are gguf's bits
+whatever the order of the arithmetic. A fused projection whose parts differ in kind (a Q4_K_M
+file's q, k in Q4_K and v in Q6_K) is a StackedWeight: each part runs as its own kind. L1 drafts
+with int16 activations only on the repacked Q4_0/Q4_1 blocks; the other kinds draft through the
+float kernel, so L1's forwards there are the target's own.
 
 Decoding and verification (up to DENSE_ABOVE tokens) run the blocks as stored through the native
 kernel (engine/native/kernels.c): each block is widened to float32 in registers and multiplied with
@@ -13,7 +28,8 @@ of a float32 sum (~1e-6 of its output); prefill chunks widen the blocks once for
 the oracle's own arithmetic.
 
 Where no C compiler is found (or TRIFORCE_NATIVE=0), torch's CPU weight-only int4 kernel runs
-instead. It dequantizes group-wise as (u - 8) * scale + zero, u in 0..15, with groups of 32 along
+instead for Q4_0, Q4_1 and Q8_0; the other kinds then run from a float32 copy widened once (the
+oracle's arithmetic, four to seven times the blocks' memory). It dequantizes group-wise as (u - 8) * scale + zero, u in 0..15, with groups of 32 along
 the input: the same block structure. So
   Q4_0: u = q, scale d, zero 0;     Q4_1: u = q, scale d, zero m + 8 d;
   Q8_0: q = 16 hi + lo (hi in -8..7, lo in 0..15) is two int4 halves over a doubled input
@@ -46,9 +62,11 @@ from engine import native
 
 log = logging.getLogger(__name__)
 
-BLOCK = 32  # weights per GGUF block
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+BLOCK = 32  # weights per 32-weight GGUF block (and per K sub-block)
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+BLOCK_WEIGHTS = {kind: 256 if kind.endswith("_K") else BLOCK for kind in BLOCK_BYTES}  # weights per block
 SUPPORTED = tuple(BLOCK_BYTES)
+INT4_KINDS = ("Q4_0", "Q4_1", "Q8_0")  # what torch's int4 kernel runs where the native kernels cannot
 _ROW_ALIGN = 64  # the int4 packer lays rows out in tiles of 64: pad `out` to it
 _PACK_ROWS = 4096  # rows packed per call (bounds the int32 scratch copy)
 # The kernel is a GEMV per token: at 256 tokens it ran 1.6x slower than widening the blocks and
@@ -86,7 +104,8 @@ class QuantWeight:
         packed/scales_zeros: the kernel's copy when read back from the cache (else built here)."""
         if kind not in BLOCK_BYTES:
             raise ValueError(f"QuantWeight: {kind} blocks are not supported ({', '.join(SUPPORTED)} are)")
-        if in_features % BLOCK or blocks.shape[1] != in_features // BLOCK * BLOCK_BYTES[kind]:
+        per = BLOCK_WEIGHTS[kind]
+        if in_features % per or blocks.shape[1] != in_features // per * BLOCK_BYTES[kind]:
             raise ValueError(f"QuantWeight: {blocks.shape} {kind} blocks do not hold rows of {in_features} weights")
         self.kind = kind
         self.out_features, self.in_features = int(blocks.shape[0]), in_features
@@ -98,6 +117,7 @@ class QuantWeight:
         self._packed = (packed, scales_zeros) if packed is not None and scales_zeros is not None else None
         self.keep_dense = False  # set by widened_for_prefill: widen once, keep the copy until it ends
         self.dense: torch.Tensor | None = None  # [out, in] float32, while keep_dense
+        self._widened: torch.Tensor | None = None  # [out, in] float32: _torch_matmul's copy of a non-int4 kind
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -119,6 +139,21 @@ class QuantWeight:
             self._packed = _pack(self.kind, self.blocks, self.in_features)
         return self._packed
 
+    def _torch_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """matmul without the native kernels: torch's int4 kernel (INT4_KINDS), else the float32
+        copy widened once and kept (exact: the oracle's own product)."""
+        if self.kind not in INT4_KINDS:
+            if self._widened is None:
+                self._widened = self.dequantize()
+            return F.linear(x.float(), self._widened)
+        packed, scales_zeros = self._int4()
+        xb = x.to(torch.bfloat16)
+        if self.doubled:
+            xb = torch.cat([xb, xb], dim=-1)  # [T, 2 in]: hi half then lo half
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), packed, BLOCK, scales_zeros)
+        y = y.float()  # [T, out padded to 64]
+        return y if y.shape[1] == self.out_features else y[:, :self.out_features]
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] float32 -> [T, out] float32, through the native block kernel (else torch's
         weight-only int4 CPU kernel); a prefill chunk (more than DENSE_ABOVE tokens) widens the
@@ -131,13 +166,7 @@ class QuantWeight:
             return F.linear(x, self.dense)
         if self.native:
             return self._native.matmul(x.float())
-        packed, scales_zeros = self._int4()
-        xb = x.to(torch.bfloat16)
-        if self.doubled:
-            xb = torch.cat([xb, xb], dim=-1)  # [T, 2 in]: hi half then lo half
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), packed, BLOCK, scales_zeros)
-        y = y.float()  # [T, out padded to 64]
-        return y if y.shape[1] == self.out_features else y[:, :self.out_features]
+        return self._torch_matmul(x)
 
     @property
     def native_blocks(self) -> native.BlockMatrix | None:
@@ -171,9 +200,41 @@ class QuantWeight:
         """Bytes a forward reads for this weight: the native kernel's blocks (4-bit kinds with float32
         scales), or the packed nibbles and the bfloat16 scales (torch's int4 kernel)."""
         if self.native:
-            return int(self._native.array.nbytes)
+            return int(self._native.nbytes)
+        if self.kind not in INT4_KINDS:
+            return int(self.blocks.nbytes)
         packed, scales_zeros = self._int4()
         return packed.numel() * packed.element_size() + scales_zeros.numel() * scales_zeros.element_size()
+
+
+class StackedWeight(QuantWeight):
+    """A projection stacked along `out` from parts of different kinds (q | k | v with v in Q6_K and
+    q, k in Q4_K, as Q4_K_M files store them): each part's rows run as its own kind, in one native
+    call where the kernels run. Its kind names the parts' kinds joined by "+"."""
+
+    def __init__(self, parts: list[QuantWeight]) -> None:
+        if len({p.in_features for p in parts}) != 1:
+            raise ValueError("StackedWeight: the parts must share in_features")
+        self.parts = parts
+        self.kind = "+".join(p.kind for p in parts)
+        self.out_features, self.in_features = sum(p.out_features for p in parts), parts[0].in_features
+        self.blocks = None  # each part holds its own
+        natives = [p.native_blocks for p in parts]
+        self._native = native.StackedBlocks(natives) if all(n is not None for n in natives) else None
+        self.doubled, self._packed = False, None
+        self.keep_dense, self.dense, self._widened = False, None, None
+
+    def _torch_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p._torch_matmul(x) for p in self.parts], dim=1)  # [T, out]
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        return self.dequantize()[index]
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])  # [out, in]
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes() for p in self.parts)
 
 
 @contextmanager
@@ -215,11 +276,19 @@ def block_fields(kind: str, blocks: np.ndarray, in_features: int):
 def dequantize_blocks(kind: str, blocks: np.ndarray, in_features: int) -> torch.Tensor:
     """Raw GGUF blocks [out, bytes] -> float32 [out, in], with ggml's own arithmetic (d * q + m:
     a product, then a sum), so the result equals gguf's dequantize bit for bit."""
+    if kind.endswith("_K"):
+        return _dequantize_k(kind, blocks, in_features)
     out, nb = blocks.shape[0], in_features // BLOCK
     raw = torch.from_numpy(np.require(blocks, requirements=("C", "W"))).view(out, nb, BLOCK_BYTES[kind])
     d = raw[..., 0:2].contiguous().view(torch.float16).float()  # [out, nb, 1]
     if kind == "Q8_0":
         return raw[..., 2:].contiguous().view(torch.int8).float().mul_(d).view(out, in_features)
+    if kind in ("Q5_0", "Q5_1"):
+        start = 2 if kind == "Q5_0" else 4
+        q = _five_bit_codes(raw[..., start:start + 4], raw[..., start + 4:start + 20]).float()  # [out, nb, 32]
+        if kind == "Q5_0":
+            return q.sub_(16).mul_(d).view(out, in_features)
+        return q.mul_(d).add_(raw[..., 2:4].contiguous().view(torch.float16).float()).view(out, in_features)
     start = 4 if kind == "Q4_1" else 2
     nibbles = raw[..., start:start + BLOCK // 2]  # [out, nb, 16]
     w = torch.empty(out, nb, 2, BLOCK // 2)  # element j: low nibble of byte j; j + 16: its high nibble
@@ -229,6 +298,51 @@ def dequantize_blocks(kind: str, blocks: np.ndarray, in_features: int) -> torch.
     else:
         w.mul_(d[..., None]).add_(raw[..., 2:4].contiguous().view(torch.float16).float()[..., None])
     return w.view(out, in_features)
+
+
+def _five_bit_codes(qh: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
+    """Q5_0/Q5_1 codes: qh [..., 4] uint8 (bit j of the little-endian u32: element j's fifth bit),
+    qs [..., 16] nibbles -> [..., 32] uint8 in 0..31."""
+    bits = (qh[..., :, None] >> torch.arange(8, dtype=torch.uint8)) & 1  # [..., 4, 8]: bit 8 i + k
+    low = torch.cat([qs & 0xF, qs >> 4], dim=-1)  # [..., 32]
+    return low | (bits.flatten(-2) << 4)
+
+
+def _k_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K's 12 bytes [..., 12] -> six-bit scales and mins [..., 8] each: sub-blocks 0-3 in
+    the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); 4-7 in the nibbles of bytes 8-11, with
+    their top two bits in the high bits of bytes 0-3 (scales) and 4-7 (mins)."""
+    a, b, c = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scales = torch.cat([a & 63, (c & 0xF) | ((a >> 6) << 4)], dim=-1)
+    mins = torch.cat([b & 63, (c >> 4) | ((b >> 6) << 4)], dim=-1)
+    return scales, mins
+
+
+def _dequantize_k(kind: str, blocks: np.ndarray, in_features: int) -> torch.Tensor:
+    """Q4_K, Q5_K or Q6_K super-blocks [out, bytes] -> float32 [out, in], gguf's arithmetic."""
+    out, ns = blocks.shape[0], in_features // 256
+    raw = torch.from_numpy(np.require(blocks, requirements=("C", "W"))).view(out, ns, BLOCK_BYTES[kind])
+    if kind == "Q6_K":
+        ql = raw[..., 0:128].reshape(out, ns, 2, 1, 64)  # two halves of 128 weights
+        low = torch.cat([ql & 0xF, ql >> 4], dim=3).view(out, ns, 2, 128)  # element r: nibble r // 64 of byte r % 64
+        qh = raw[..., 128:192].reshape(out, ns, 2, 1, 32)
+        high = ((qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3).view(out, ns, 2, 128)
+        q = (low | (high << 4)).view(torch.int8).sub(32).float().view(out, ns, 16, 16)
+        d = raw[..., 208:210].contiguous().view(torch.float16).float()  # [out, ns, 1]
+        scales = raw[..., 192:208].contiguous().view(torch.int8).float()  # [out, ns, 16]
+        return ((d * scales)[..., None] * q).view(out, in_features)
+    d = raw[..., 0:2].contiguous().view(torch.float16).float()  # [out, ns, 1]
+    dmin = raw[..., 2:4].contiguous().view(torch.float16).float()
+    scales, mins = _k_scale_min(raw[..., 4:16])  # [out, ns, 8] each
+    start = 16 if kind == "Q4_K" else 48
+    qs = raw[..., start:start + 128].reshape(out, ns, 4, 1, 32)
+    q = torch.cat([qs & 0xF, qs >> 4], dim=3).view(out, ns, 8, 32)  # sub-block j: nibble j % 2 of 32 (j // 2)..
+    if kind == "Q5_K":
+        qh = raw[..., 16:48].reshape(out, ns, 1, 32)
+        q = q | (((qh >> torch.arange(8, dtype=torch.uint8).view(8, 1)) & 1) << 4)
+    scale = (d * scales.float())[..., None]  # [out, ns, 8, 1]
+    offset = (dmin * mins.float())[..., None]
+    return (scale * q.float() - offset).view(out, in_features)
 
 
 def _pack(kind: str, blocks: np.ndarray, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,10 +425,12 @@ def read_gguf_blocks(path: Path, arch) -> tuple[dict[str, FileBlocks], list[str]
 
 
 def _fused(parts: list[FileBlocks | None]) -> QuantWeight | None:
-    """One QuantWeight over parts stacked along `out` (q|k|v, gate|up), or None when a part is
-    missing or the parts differ in kind (that projection stays float32)."""
-    if any(p is None for p in parts) or len({(p.kind, p.in_features) for p in parts}) != 1:
+    """One QuantWeight over parts stacked along `out` (q|k|v, gate|up), a StackedWeight where the
+    parts differ in kind, or None when a part is missing (that projection stays float32)."""
+    if any(p is None for p in parts) or len({p.in_features for p in parts}) != 1:
         return None
+    if len({p.kind for p in parts}) != 1:
+        return StackedWeight([QuantWeight(p.kind, p.blocks, p.in_features) for p in parts])
     blocks = parts[0].blocks if len(parts) == 1 else np.concatenate([p.blocks for p in parts])
     return QuantWeight(parts[0].kind, blocks, parts[0].in_features)
 
@@ -376,7 +492,7 @@ def cached_file_weights(gguf: Path, arch, cache: Path | None) -> dict[str, Quant
         except (OSError, ValueError, KeyError, RuntimeError) as exc:  # damaged: build it again
             log.warning("%s is unreadable (%s): rebuilding it", cache, exc)
     weights = file_weights(gguf, arch)
-    if cache is not None:
+    if cache is not None and not any(isinstance(w, StackedWeight) for w in weights.values()):
         _write_cache(cache, weights, stamp)
     return weights
 

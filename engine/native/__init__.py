@@ -29,11 +29,16 @@ import torch  # loads torch's libgomp first: the kernels then share its OpenMP r
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-VERSION = 8  # triforce_kernels_version() of the source this module speaks to
-KIND_CODES = {"Q4_0": 6, "Q4_1": 6, "Q8_0": 8}  # 6: a 4-bit kind repacked (repack_q4)
+VERSION = 9  # triforce_kernels_version() of the source this module speaks to
+# kernels.c's kind codes: 6 a 32-weight 4-bit kind repacked (repack_q4); the others read the file's
+# blocks as stored; STACKED_CODE a projection stacked from parts of several kinds (StackedBlocks)
+KIND_CODES = {"Q4_0": 6, "Q4_1": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q5_0": 20, "Q5_1": 21}
+STACKED_CODE = 1
+MAX_PARTS = 4  # parts a StackedBlocks holds (kernels.c StackedWeight)
 _FILE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 MAX_DIM = 256  # head sizes the attention kernel takes (a multiple of 8)
 BLOCK_KEYS = 32  # keys per block in kernels.c: the buffers it reads hold whole blocks
+BUILD_TIMEOUT_S = 600  # a build takes seconds of CPU, but minutes of wall time on a busy machine
 _FLAGS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])  # tried in order
 _lock = threading.Lock()
 _loaded: list[ctypes.CDLL | None] = []  # [] until the first call: built and loaded once per process
@@ -67,21 +72,29 @@ def _compiler() -> str | None:
 
 
 def _build(compiler: str, target: Path, flags: list[str]) -> bool:
-    """Compile into a temporary file, then rename: another process never loads a half-written one."""
+    """Compile kernels.c into `target`; whether it was built."""
+    return not _compile(compiler, target, flags)
+
+
+def _compile(compiler: str, target: Path, flags: list[str]) -> str:
+    """Compile into a temporary file, then rename: another process never loads a half-written one.
+    Returns "" when built, else what went wrong (the compiler's last words)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     cmd = [compiler, *flags, "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-lm"]
     try:
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as exc:
-        log.info("native kernels: %s failed (%s)", " ".join(cmd), exc)
-        return False
-    if result.returncode != 0:
-        log.info("native kernels: %s failed: %s", " ".join(cmd), result.stderr.strip()[-500:])
+        log.debug("native kernels: %s failed (%s)", " ".join(cmd), exc)
         tmp.unlink(missing_ok=True)
-        return False
+        return f"{Path(compiler).name} failed ({exc})"
+    if result.returncode != 0:
+        log.debug("native kernels: %s failed: %s", " ".join(cmd), result.stderr.strip()[-500:])
+        tmp.unlink(missing_ok=True)
+        lines = result.stderr.strip().splitlines()
+        return f"{Path(compiler).name} {' '.join(flags)} failed: {lines[-1][-160:] if lines else result.returncode}"
     os.replace(tmp, target)
-    return True
+    return ""
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -108,30 +121,50 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def _load() -> ctypes.CDLL | None:
+def _try_load() -> tuple[ctypes.CDLL | None, str]:
+    """The kernels built (or found in the cache) and loaded, or None and why not."""
     compiler = _compiler()
     if compiler is None:
-        log.info("native kernels: no C compiler found (set CC): the torch paths run")
-        return None
+        return None, "no C compiler found (set CC)"
+    if not SOURCE.is_file():
+        return None, f"{SOURCE} is missing"
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"{compiler} does not run ({exc})"
     source = SOURCE.read_bytes()
+    reason = "the build failed"
     for flags in _FLAGS:
         key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
                                          _cpu_id().encode(), platform.machine().encode()])).hexdigest()[:16]
         target = _cache_dir() / f"triforce-kernels-{key}{'.dll' if os.name == 'nt' else '.so'}"
         try:
-            if not target.is_file() and not _build(compiler, target, flags):
-                continue
+            if not target.is_file():
+                failed = _compile(compiler, target, flags)
+                if failed:
+                    reason = failed
+                    continue
             lib = ctypes.CDLL(str(target))
             if lib.triforce_kernels_version() != VERSION:
+                reason = f"{target} is another version"
                 continue
-            return _declare(lib)
-        except OSError as exc:
-            log.info("native kernels: %s could not be loaded (%s)", target, exc)
-    return None
+            return _declare(lib), ""
+        except (OSError, AttributeError) as exc:  # unwritable cache, a library that does not load or lacks a symbol
+            reason = f"{target} could not be built or loaded ({exc})"
+            log.debug("native kernels: %s", reason)
+    return None, reason
+
+
+def _load() -> ctypes.CDLL | None:
+    """_try_load, and one log line where the kernels do not run: nothing that goes wrong here
+    reaches the caller (the torch paths then run)."""
+    try:
+        lib, reason = _try_load()
+    except Exception as exc:  # noqa: BLE001 - an unforeseen failure must not stop the engine either
+        lib, reason = None, f"{type(exc).__name__}: {exc}"
+    if lib is None:
+        log.warning("native kernels unavailable (%s): the slower torch paths run", reason)
+    return lib
 
 
 def _kernels() -> ctypes.CDLL | None:
@@ -199,6 +232,8 @@ class BlockMatrix:
     __slots__ = ("array", "code", "pointer", "out")
 
     def __init__(self, kind: str, blocks: np.ndarray) -> None:
+        # Q8_0 and the K / 5-bit kinds are read as stored: a C-contiguous (maybe read-only, memory-
+        # mapped) array is used in place, never copied
         self.array = repack_q4(kind, blocks) if kind in _FILE_BLOCK_BYTES else np.ascontiguousarray(blocks)
         self.code, self.pointer, self.out = KIND_CODES[kind], self.array.ctypes.data, self.array.shape[0]
 
@@ -213,6 +248,11 @@ class BlockMatrix:
         _kernels().triforce_block_matmul(self.code, self.pointer, self.out, x.shape[1], x.data_ptr(), x.shape[0],
                                          y.data_ptr(), torch.get_num_threads())
         return y
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kernel reads per forward (the repacked or stored blocks)."""
+        return int(self.array.nbytes)
 
     @property
     def drafts_int16(self) -> bool:
@@ -233,9 +273,37 @@ class BlockMatrix:
         return y
 
 
+class _StackedWeight(ctypes.Structure):
+    _fields_ = [("parts", ctypes.c_int64), ("kinds", ctypes.c_int64 * MAX_PARTS),
+                ("blocks", ctypes.c_void_p * MAX_PARTS), ("rows", ctypes.c_int64 * MAX_PARTS)]
+
+
+class StackedBlocks(BlockMatrix):
+    """A projection stacked along `out` from parts of different kinds (a Q4_K_M file's q | k in Q4_K
+    and v in Q6_K): one kernel call computes each part's rows with its own kind's kernel into its
+    columns. `array` is the descriptor kernels.c reads; the parts keep their blocks alive."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[BlockMatrix]) -> None:
+        if not 1 <= len(parts) <= MAX_PARTS or any(p.code == STACKED_CODE for p in parts):
+            raise ValueError(f"StackedBlocks takes 1-{MAX_PARTS} single-kind parts, not {len(parts)}")
+        self.parts = parts
+        desc = _StackedWeight(len(parts))
+        for i, part in enumerate(parts):
+            desc.kinds[i], desc.blocks[i], desc.rows[i] = part.code, part.pointer, part.out
+        self.array = desc
+        self.code, self.pointer, self.out = STACKED_CODE, ctypes.addressof(desc), sum(p.out for p in parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(p.array.nbytes) for p in self.parts)
+
+
 def block_matmul(kind: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
     """x [T, in] float32 @ W.T -> [T, out] float32, W the file's own GGUF blocks as stored: blocks
-    [out, in / 32 * block bytes] uint8 (Q4_0, Q4_1 or Q8_0). One-off calls; a model keeps BlockMatrix."""
+    [out, in / weights per block * block bytes] uint8 (any kind in KIND_CODES). One-off calls; a
+    model keeps BlockMatrix."""
     return BlockMatrix(kind, blocks).matmul(x)
 
 

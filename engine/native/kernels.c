@@ -54,7 +54,7 @@ static inline v8f s8_to_f(const int8_t *p) {
 #endif
 static inline v8f vmax(v8f a, v8f b) { v8i gt = a > b; return (v8f)((gt & (v8i)a) | (~gt & (v8i)b)); }
 
-int triforce_kernels_version(void) { return 8; }
+int triforce_kernels_version(void) { return 9; }
 
 /* ------------------------------------------------------------------ weights: GGUF blocks
  * The weight is the file's own blocks, [out, nb] blocks of 32 weights of one row:
@@ -192,7 +192,7 @@ static inline void widen16_q8(const int8_t *q, float d, __m512 w[2]) {
  * operations for a token whatever nr, nt or the other tokens. */
 static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *blocks, int64_t nb,
                                                        const float *x, int64_t in, int64_t t0, int nt,
-                                                       float *y, int64_t out, int64_t o, int nr) {
+                                                       float *y, int64_t ys, int64_t o, int nr) {
     const int64_t rb = row_bytes(kind, nb);
     __m512 acc[ROWS_PER_PASS][TOKENS_PER_PASS][2];  /* only [nr][nt] used */
     for (int r = 0; r < nr; r++)
@@ -216,7 +216,7 @@ static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *
             const __m512 s = _mm512_add_ps(acc[r][t][0], acc[r][t][1]);
             /* halves, quarters, pairs, lanes: one fixed tree */
             const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
-            y[(t0 + t) * out + o + r] = hsum8((v8f)h);
+            y[(t0 + t) * ys + o + r] = hsum8((v8f)h);
         }
 }
 #else
@@ -225,7 +225,7 @@ static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *
  * in a fixed order: the same operations for a token whatever nr, nt or the other tokens. */
 static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *blocks, int64_t nb,
                                                        const float *x, int64_t in, int64_t t0, int nt,
-                                                       float *y, int64_t out, int64_t o, int nr) {
+                                                       float *y, int64_t ys, int64_t o, int nr) {
     const int64_t rb = row_bytes(kind, nb);
     v8f acc[ROWS_PER_PASS][TOKENS_PER_PASS][2];  /* only [nr][nt] used */
     memset(acc, 0, sizeof acc);
@@ -246,46 +246,267 @@ static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *
         }
     }
     for (int r = 0; r < nr; r++)
-        for (int t = 0; t < nt; t++) y[(t0 + t) * out + o + r] = hsum8(acc[r][t][0] + acc[r][t][1]);
+        for (int t = 0; t < nt; t++) y[(t0 + t) * ys + o + r] = hsum8(acc[r][t][0] + acc[r][t][1]);
 }
 #endif
 
-/* kind: 6 (Q4_0 or Q4_1 repacked), 8 (Q8_0); blocks [out, row_bytes(kind, in / 32)]. */
-void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t in,
-                           const float *x, int64_t T, float *y, int threads) {
-    const int64_t nb = in / 32;
+/* ------------------------------------------------------------------ weights: GGUF blocks read as stored
+ * Q4_K, Q5_K and Q6_K (super-blocks of 256 weights) and Q5_0, Q5_1 (blocks of 32) are read straight
+ * from the file's bytes (a memory map may back them: nothing is repacked). A block is widened 32
+ * weights at a time (a K sub-block, or the whole 32-block) into four 8-lane vectors:
+ *   Q4_K [d f16][dmin f16][12 bytes: 8 six-bit scales and mins][128 bytes]: sub-block j's weights
+ *        are nibble (j % 2) of bytes 32 (j / 2) .. + 31, w = (d sc_j) q - (dmin m_j)
+ *   Q5_K the same with [32 bytes qh] before the nibbles: bit j of qh[i] is element i's fifth bit
+ *   Q6_K [128 bytes ql][64 bytes qh][16 int8 scales][d f16]: per half h (128 weights) element r
+ *        has ql nibble r / 64 of ql[64 h + r % 64] and two bits 2 (r / 32) of qh[32 h + r % 32],
+ *        w = (d sc_{e / 16}) (q - 32)
+ *   Q5_0 [d f16][qh u32][16 bytes], w = d (q - 16); Q5_1 [d f16][m f16][qh u32][16 bytes], w = d q + m:
+ *        element i < 16 the low nibble of byte i, element i + 16 its high one, bit i of qh the fifth.
+ * Every product here is exact in float32 (d's 11 significant bits times a scale of at most 8 and a
+ * code of at most 6), so a widened weight is the value gguf's dequantize computes, bit for bit, and
+ * the matmul differs from the float32 oracle only in the order of its sums. */
+typedef uint8_t v32u8 __attribute__((vector_size(32)));
+typedef int8_t v32s8 __attribute__((vector_size(32)));
+
+#define KIND_Q4_K 12
+#define KIND_Q5_K 13
+#define KIND_Q6_K 14
+#define KIND_Q5_0 20
+#define KIND_Q5_1 21
+#define KIND_STACKED 1
+
+static inline int is_stored_kind(int kind) { return kind >= KIND_Q4_K && kind <= KIND_Q5_1; }
+static inline int64_t stored_block_bytes(int kind) {
+    switch (kind) {
+    case KIND_Q4_K: return 144;
+    case KIND_Q5_K: return 176;
+    case KIND_Q6_K: return 210;
+    case KIND_Q5_0: return 22;
+    default: return 24;  /* Q5_1 */
+    }
+}
+static inline int64_t stored_block_weights(int kind) { return kind <= KIND_Q6_K ? 256 : 32; }
+
+static inline v32u8 load32u8(const uint8_t *p) { v32u8 v; memcpy(&v, p, sizeof v); return v; }
+
+/* 32 codes 0..255 -> w[k] = code * d + m for elements 8k .. 8k + 7 */
+static inline void widen32_u8(v32u8 q, float d, float m, v8f w[4]) {
+    const v8f dv = splat(d), mv = splat(m);
+#ifdef __AVX2__
+    const __m256i v = (__m256i)q;
+    const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    w[0] = fmadd8((v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), dv, mv);
+    w[1] = fmadd8((v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), dv, mv);
+    w[2] = fmadd8((v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), dv, mv);
+    w[3] = fmadd8((v8f)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), dv, mv);
+#else
+    const uint8_t *b = (const uint8_t *)&q;
+    for (int k = 0; k < 4; k++) w[k] = fmadd8(u8_to_f(b + 8 * k), dv, mv);
+#endif
+}
+
+/* 32 signed codes -> w = code * d0 for elements 0-15, code * d1 for 16-31 (Q6_K's scales per 16) */
+static inline void widen32_s8(v32s8 q, float d0, float d1, v8f w[4]) {
+    const v8f a = splat(d0), b = splat(d1);
+#ifdef __AVX2__
+    const __m256i v = (__m256i)q;
+    const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    w[0] = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)) * a;
+    w[1] = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))) * a;
+    w[2] = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)) * b;
+    w[3] = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))) * b;
+#else
+    const int8_t *s = (const int8_t *)&q;
+    w[0] = s8_to_f(s) * a;
+    w[1] = s8_to_f(s + 8) * a;
+    w[2] = s8_to_f(s + 16) * b;
+    w[3] = s8_to_f(s + 24) * b;
+#endif
+}
+
+/* Q4_K / Q5_K: the 8 sub-blocks' effective scales d sc_j and offsets -(dmin m_j) */
+static inline void k_scales(const uint8_t *blk, float d[8], float m[8]) {
+    const float dd = half_to_float(blk), dmin = half_to_float(blk + 2);
+    const uint8_t *s = blk + 4;
+    for (int j = 0; j < 4; j++) {
+        d[j] = dd * (float)(s[j] & 63);
+        m[j] = -(dmin * (float)(s[j + 4] & 63));
+    }
+    for (int j = 4; j < 8; j++) {
+        d[j] = dd * (float)((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
+        m[j] = -(dmin * (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4)));
+    }
+}
+
+/* Q5_0 / Q5_1: the 32 five-bit codes of a block, nibbles at `qs`, fifth bits in `qh` */
+static inline v32u8 q5_codes(const uint8_t *qs, uint32_t qh) {
+#ifdef __AVX2__
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0F);
+    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i spread = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick), bit);
+    const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi8(spread, bit), _mm256_set1_epi8(0x10));
+    return (v32u8)_mm256_or_si256(nib, fifth);
+#else
+    v32u8 q;
+    for (int i = 0; i < 16; i++) {
+        q[i] = (uint8_t)((qs[i] & 15) | (((qh >> i) & 1) << 4));
+        q[i + 16] = (uint8_t)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4));
+    }
+    return q;
+#endif
+}
+
+/* Rows [o, o + nr) times tokens [t0, t0 + nt) of a stored kind, y row stride ys. Per row and token
+ * two 8-lane accumulators (even and odd quarters of every 32 weights), over the weights in order,
+ * summed at the end in a fixed order: the same operations for a token whatever nr, nt or the other
+ * tokens. */
+static inline __attribute__((always_inline)) void tile_stored(int kind, const uint8_t *blocks, int64_t nblk,
+                                                              const float *x, int64_t in, int64_t t0, int nt,
+                                                              float *y, int64_t ys, int64_t o, int nr) {
+    const int64_t bb = stored_block_bytes(kind), rb = bb * nblk, bw = stored_block_weights(kind);
+    v8f acc[ROWS_PER_PASS][TOKENS_PER_PASS][2];  /* only [nr][nt] used */
+    memset(acc, 0, sizeof acc);
+    for (int64_t s = 0; s < nblk; s++) {
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *blk = blocks + (o + r) * rb + s * bb;
+            float d[16], m[8] = {0};
+            v32u8 qh = {0};
+            const int subs = (int)(bw / 32);
+            if (kind == KIND_Q6_K) {
+                const float dd = half_to_float(blk + 208);
+                for (int j = 0; j < 16; j++) d[j] = dd * (float)(int8_t)blk[192 + j];
+            } else if (kind == KIND_Q4_K || kind == KIND_Q5_K) {
+                k_scales(blk, d, m);
+                if (kind == KIND_Q5_K) qh = load32u8(blk + 16);
+            } else {
+                d[0] = half_to_float(blk);
+                m[0] = kind == KIND_Q5_0 ? -16.0f * d[0] : half_to_float(blk + 2);
+            }
+            #pragma GCC unroll 8
+            for (int j = 0; j < subs; j++) {
+                v8f w[4];
+                if (kind == KIND_Q4_K) {
+                    widen32_u8((load32u8(blk + 16 + 32 * (j / 2)) >> (4 * (j % 2))) & 15, d[j], m[j], w);
+                } else if (kind == KIND_Q5_K) {
+                    const v32u8 q = ((load32u8(blk + 48 + 32 * (j / 2)) >> (4 * (j % 2))) & 15) | (((qh >> j) & 1) << 4);
+                    widen32_u8(q, d[j], m[j], w);
+                } else if (kind == KIND_Q6_K) {
+                    const int h = j / 4, k = j % 4;
+                    const v32u8 lo = (load32u8(blk + 64 * h + 32 * (k % 2)) >> (4 * (k / 2))) & 15;
+                    const v32u8 hi = (load32u8(blk + 128 + 32 * h) >> (2 * k)) & 3;
+                    widen32_s8((v32s8)(lo | (hi << 4)) - 32, d[2 * j], d[2 * j + 1], w);
+                } else {
+                    const int off = kind == KIND_Q5_0 ? 2 : 4;
+                    uint32_t bits;
+                    memcpy(&bits, blk + off, 4);
+                    widen32_u8(q5_codes(blk + off + 4, bits), d[0], m[0], w);
+                }
+                for (int t = 0; t < nt; t++) {
+                    const float *xp = x + (t0 + t) * in + bw * s + 32 * j;
+                    acc[r][t][0] = fmadd8(w[0], load8(xp), acc[r][t][0]);
+                    acc[r][t][1] = fmadd8(w[1], load8(xp + 8), acc[r][t][1]);
+                    acc[r][t][0] = fmadd8(w[2], load8(xp + 16), acc[r][t][0]);
+                    acc[r][t][1] = fmadd8(w[3], load8(xp + 24), acc[r][t][1]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) y[(t0 + t) * ys + o + r] = hsum8(acc[r][t][0] + acc[r][t][1]);
+}
+
+static inline __attribute__((always_inline)) void matmul_rows(int kind, const uint8_t *blocks, int64_t out,
+                                                               int64_t in, const float *x, int64_t T, float *y,
+                                                               int64_t ys, int64_t o) {
+    const int stored = is_stored_kind(kind);
+    const int64_t nb = stored ? in / stored_block_weights(kind) : in / 32;
+    const int nr = out - o < ROWS_PER_PASS ? (int)(out - o) : ROWS_PER_PASS;
+    for (int64_t t0 = 0; t0 < T; t0 += TOKENS_PER_PASS) {
+        const int nt = T - t0 < TOKENS_PER_PASS ? (int)(T - t0) : TOKENS_PER_PASS;
+        /* constant counts keep the accumulators in registers: two rows at a time for one or two
+         * tokens (enough independent sums to hide the FMA latency), one row for three to eight */
+#define TILE(NT, O, NR) do { if (stored) tile_stored(kind, blocks, nb, x, in, t0, NT, y, ys, O, NR); \
+                             else tile(kind, blocks, nb, x, in, t0, NT, y, ys, O, NR); } while (0)
+#define TWO_ROWS(NT) if (nr == 2) TILE(NT, o, 2); else TILE(NT, o, 1)
+#define ROW_BY_ROW(NT) for (int r = 0; r < nr; r++) TILE(NT, o + r, 1)
+        if (stored) {  /* fewer instances (five per kind keep the build short): decoding's one token
+                        * and two in registers, larger verifications one tile of any count */
+            if (nt == 1) { TWO_ROWS(1); }
+            else if (nt == 2) { TWO_ROWS(2); }
+            else ROW_BY_ROW(nt);
+            continue;
+        }
+        switch (nt) {
+        case 1: TWO_ROWS(1); break;
+        case 2: TWO_ROWS(2); break;
+#ifdef __AVX512F__  /* 32 registers: two rows at a time up to six tokens */
+        case 3: TWO_ROWS(3); break;
+        case 4: TWO_ROWS(4); break;
+        case 5: TWO_ROWS(5); break;
+        case 6: TWO_ROWS(6); break;
+#else
+        case 3: ROW_BY_ROW(3); break;
+        case 4: ROW_BY_ROW(4); break;
+        case 5: ROW_BY_ROW(5); break;
+        case 6: ROW_BY_ROW(6); break;
+#endif
+        case 7: ROW_BY_ROW(7); break;
+        default: ROW_BY_ROW(8); break;
+        }
+#undef TWO_ROWS
+#undef ROW_BY_ROW
+#undef TILE
+    }
+}
+
+/* Rows [0, out) of one weight of one kind into y's columns [0, out), row stride ys. kind: 6 (Q4_0 or
+ * Q4_1 repacked), 8 (Q8_0): blocks [out, row_bytes(kind, in / 32)]; a stored kind (Q4_K ... Q5_1):
+ * blocks [out, in / weights per block * block bytes], as in the file. Each kind gets its own
+ * instance of the tiles (a constant kind: no per-block branching on it, shifts by constants). */
+static void block_matmul_into(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
+                              float *y, int64_t ys, int threads) {
     const int64_t pairs = (out + ROWS_PER_PASS - 1) / ROWS_PER_PASS;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t p = 0; p < pairs; p++) {
         const int64_t o = p * ROWS_PER_PASS;
-        const int nr = out - o < ROWS_PER_PASS ? (int)(out - o) : ROWS_PER_PASS;
-        for (int64_t t0 = 0; t0 < T; t0 += TOKENS_PER_PASS) {
-            const int nt = T - t0 < TOKENS_PER_PASS ? (int)(T - t0) : TOKENS_PER_PASS;
-            /* constant counts keep the accumulators in registers: two rows at a time for one or two
-             * tokens (enough independent sums to hide the FMA latency), one row for three to eight */
-            switch (nt) {
-#define TWO_ROWS(NT) if (nr == 2) tile(kind, blocks, nb, x, in, t0, NT, y, out, o, 2); \
-                     else tile(kind, blocks, nb, x, in, t0, NT, y, out, o, 1)
-#define ROW_BY_ROW(NT) for (int r = 0; r < nr; r++) tile(kind, blocks, nb, x, in, t0, NT, y, out, o + r, 1)
-            case 1: TWO_ROWS(1); break;
-            case 2: TWO_ROWS(2); break;
-#ifdef __AVX512F__  /* 32 registers: two rows at a time up to six tokens */
-            case 3: TWO_ROWS(3); break;
-            case 4: TWO_ROWS(4); break;
-            case 5: TWO_ROWS(5); break;
-            case 6: TWO_ROWS(6); break;
-#else
-            case 3: ROW_BY_ROW(3); break;
-            case 4: ROW_BY_ROW(4); break;
-            case 5: ROW_BY_ROW(5); break;
-            case 6: ROW_BY_ROW(6); break;
-#endif
-            case 7: ROW_BY_ROW(7); break;
-            default: ROW_BY_ROW(8); break;
-#undef TWO_ROWS
-#undef ROW_BY_ROW
-            }
+        switch (kind) {
+        case 6: matmul_rows(6, blocks, out, in, x, T, y, ys, o); break;
+        case 8: matmul_rows(8, blocks, out, in, x, T, y, ys, o); break;
+        case KIND_Q4_K: matmul_rows(KIND_Q4_K, blocks, out, in, x, T, y, ys, o); break;
+        case KIND_Q5_K: matmul_rows(KIND_Q5_K, blocks, out, in, x, T, y, ys, o); break;
+        case KIND_Q6_K: matmul_rows(KIND_Q6_K, blocks, out, in, x, T, y, ys, o); break;
+        case KIND_Q5_0: matmul_rows(KIND_Q5_0, blocks, out, in, x, T, y, ys, o); break;
+        default: matmul_rows(KIND_Q5_1, blocks, out, in, x, T, y, ys, o); break;
         }
+    }
+}
+
+/* A projection stacked from parts of different kinds along `out` (q | k | v where v is another kind,
+ * as Q4_K_M files store it): each part's rows computed by its own kind's kernel into its columns. */
+typedef struct {
+    int64_t parts;
+    int64_t kinds[4];
+    const uint8_t *blocks[4];
+    int64_t rows[4];
+} StackedWeight;
+
+/* kind: 6 (Q4_0 or Q4_1 repacked), 8 (Q8_0), a stored kind (12 Q4_K, 13 Q5_K, 14 Q6_K, 20 Q5_0,
+ * 21 Q5_1), or 1: `blocks` is a StackedWeight of parts of those kinds whose rows add up to `out`.
+ * x [T, in] float32 -> y [T, out] float32. */
+void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t in,
+                           const float *x, int64_t T, float *y, int threads) {
+    if (kind != KIND_STACKED) {
+        block_matmul_into(kind, blocks, out, in, x, T, y, out, threads);
+        return;
+    }
+    const StackedWeight *w = (const StackedWeight *)(const void *)blocks;
+    int64_t first = 0;
+    for (int64_t p = 0; p < w->parts; p++) {
+        block_matmul_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, y + first, out, threads);
+        first += w->rows[p];
     }
 }
 
