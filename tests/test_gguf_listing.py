@@ -13,14 +13,14 @@ from engine.store.models import resolve_model
 from engine.store.paths import model_cache_dir
 from tiny_gguf import FFN, HEAD_DIM, HIDDEN, KV_HEADS, LAYERS, write_gguf
 
-BYTES_PER_32 = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "F32": 128}
-MIXED = {"q": "Q4_0", "k": "Q8_0", "v": "Q4_0", "o": "Q5_0", "gate": "Q4_1", "up": "Q4_1", "down": "Q8_0",
+BYTES_PER_32 = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "MXFP4": 17, "Q8_0": 34, "F32": 128}
+MIXED = {"q": "Q4_0", "k": "Q8_0", "v": "Q4_0", "o": "MXFP4", "gate": "Q4_1", "up": "Q4_1", "down": "Q8_0",
          "embed": "Q8_0", "output": "Q4_0"}
 VOCAB = 512
 
 
 def _expected(kinds: dict[str, str]) -> tuple[dict[str, int], int]:
-    """Bytes per kind of a tiny_gguf file, and the float32 bytes of its Q5_0 tensors, from the shapes."""
+    """Bytes per kind of a tiny_gguf file, and the float32 bytes of its MXFP4 tensors, from the shapes."""
     shapes = {"q": (HIDDEN, HIDDEN), "k": (KV_HEADS * HEAD_DIM, HIDDEN), "v": (KV_HEADS * HEAD_DIM, HIDDEN),
               "o": (HIDDEN, HIDDEN), "gate": (FFN, HIDDEN), "up": (FFN, HIDDEN), "down": (HIDDEN, FFN)}
     elements = {role: LAYERS * r * c for role, (r, c) in shapes.items()}
@@ -30,7 +30,7 @@ def _expected(kinds: dict[str, str]) -> tuple[dict[str, int], int]:
     for role, n in elements.items():
         kind = kinds.get(role, "F32")
         by_kind[kind] = by_kind.get(kind, 0) + n // 32 * BYTES_PER_32[kind]
-        widened += 4 * n if kind == "Q5_0" else 0
+        widened += 4 * n if kind == "MXFP4" else 0
     return by_kind, widened
 
 
@@ -43,22 +43,22 @@ def test_a_gguf_in_the_model_folder_is_listed_with_kinds_ram_and_what_runs_nativ
     total = sum(by_kind.values())
     text = ", ".join(f"{k} {n / total:.0%}" for k, n in sorted(by_kind.items(), key=lambda kv: -kv[1])
                      if n / total >= 0.005)
-    assert entry.kinds == text and "Q5_0" in text and "Q4_1" in text
-    assert entry.widened == ("Q5_0",)
-    native = [k for k, n in sorted(by_kind.items(), key=lambda kv: -kv[1]) if k != "Q5_0" and n / total >= 0.005]
-    assert entry.runs == f"{', '.join(native)} native; Q5_0 widened to float32 (slower, more RAM)"
+    assert entry.kinds == text and "MXFP4" in text and "Q4_1" in text
+    assert entry.widened == ("MXFP4",)
+    native = [k for k, n in sorted(by_kind.items(), key=lambda kv: -kv[1]) if k != "MXFP4" and n / total >= 0.005]
+    assert entry.runs == f"{', '.join(native)} native; MXFP4 widened to float32 (slower, more RAM)"
     kv = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2048 * 2  # the file's context (2048) is under 8192: float16 K/V
     assert entry.context == 2048
-    assert entry.ram_bytes == total - by_kind["Q5_0"] + widened + kv
+    assert entry.ram_bytes == total - by_kind["MXFP4"] + widened + kv
     assert entry.model_type == "llama" and entry.size_bytes == path.stat().st_size
     # the listed path is a spec that loads
     assert resolve_model(str(entry.path)).source == "gguf"
     report = models_cmd.collect()
     row = next(r for r in report["local"] if r["path"] == str(path))
-    assert row["widened_to_float32"] == ["Q5_0"] and row["ram_bytes"] == entry.ram_bytes
+    assert row["widened_to_float32"] == ["MXFP4"] and row["ram_bytes"] == entry.ram_bytes
     assert json.loads(json.dumps(report)) == report
     shown = models_cmd.format_report(report)
-    assert text in shown and "Q5_0 widened to float32" in shown and "K/V at 2,048 tokens" in shown
+    assert text in shown and "MXFP4 widened to float32" in shown and "K/V at 2,048 tokens" in shown
 
 
 def test_an_opened_gguf_is_listed_once_where_it_is(tmp_path, bundled_model_dir):
@@ -93,5 +93,5 @@ def test_the_picker_shows_kinds_and_ram(bundled_model_dir):
     path = model_cache_dir() / "mixed.gguf"
     write_gguf(path, bundled_model_dir, MIXED, vocab_size=VOCAB)
     choice = next(c for c in local_choices() if c.spec == str(path))
-    assert "Q5_0 widened to float32" in choice.note and "GB RAM at 2,048 tokens" in choice.note
+    assert "MXFP4 widened to float32" in choice.note and "GB RAM at 2,048 tokens" in choice.note
     assert "Q4_1" in choice.note

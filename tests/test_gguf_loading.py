@@ -13,7 +13,7 @@ import torch
 from engine.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
 from engine.model.folder_tokenizer import FolderConfig, FolderTokenizer
 from engine.store.gguf_file import read_header
-from engine.model.gguf_weights import StackedWeight
+from engine.model.quant import StackedWeight
 from engine.model.loading import load_folder
 from engine.model.quant import QuantWeight
 from engine.store import models as model_store
@@ -23,7 +23,7 @@ from tiny_gguf import write_gguf
 
 # q and v differ from k (a stacked q|k|v), o in a kind no kernel runs (widened), gate|up one kind
 # stored back to back (one view of the file), down and the output head in their own kinds
-MIXED = {"q": "Q4_0", "k": "Q8_0", "v": "Q4_0", "o": "Q5_0", "gate": "Q4_1", "up": "Q4_1", "down": "Q8_0",
+MIXED = {"q": "Q4_0", "k": "Q8_0", "v": "Q4_0", "o": "MXFP4", "gate": "Q4_1", "up": "Q4_1", "down": "Q8_0",
          "embed": "Q8_0", "output": "Q4_0"}
 
 
@@ -54,7 +54,7 @@ def test_a_mixed_gguf_runs_each_tensor_as_stored(mixed_gguf):
     runner = model.runner
     layer = runner.layers[0]
     assert isinstance(layer.wqkv, StackedWeight) and layer.wqkv.kind == "Q4_0+Q8_0+Q4_0"
-    assert isinstance(layer.wo, torch.Tensor)  # Q5_0: widened to float32
+    assert isinstance(layer.wo, torch.Tensor)  # MXFP4: widened to float32
     assert isinstance(layer.w_gate_up, QuantWeight) and layer.w_gate_up.kind == "Q4_1"
     assert isinstance(layer.w_down, QuantWeight) and layer.w_down.kind == "Q8_0"
     assert isinstance(runner.embed, QuantWeight) and runner.embed.kind == "Q8_0"

@@ -73,8 +73,8 @@ def _file_weight(gguf: GgufFile, name: str, rows: np.ndarray | None):
     return quant.QuantWeight(tensor.kind, blocks if rows is None else blocks[rows], tensor.shape[-1])
 
 
-class StackedWeight:
-    """Projections stacked along `out` (q|k|v, gate|up) whose parts differ in kind: each part runs
+class WidenedStack:
+    """Projections stacked along `out` (q|k|v, gate|up) where some parts are widened to float32: each part runs
     its own kernel (or float32 matmul) and the outputs are concatenated: [T, out0 + out1 + ...]."""
 
     def __init__(self, parts: list) -> None:
@@ -108,7 +108,7 @@ def _projection(gguf: GgufFile, arch, names: list[str], roles: list[str]):
     """The projections `names` stacked along `out` (q|k|v, gate|up) as one weight: one QuantWeight
     when they share a kind the kernels run (a view of the file where they are stored back to back
     and need no reordering, else their blocks concatenated), one float32 tensor when none runs
-    natively, else a StackedWeight of the parts."""
+    natively, a quant.StackedWeight where the parts differ in kind, else a WidenedStack."""
     orders = [_row_order(gguf, arch, role) for role in roles]
     kinds = {gguf.tensors[n].kind for n in names}
     if len(kinds) == 1 and kinds <= set(quant.SUPPORTED) and all(o is None for o in orders):
@@ -120,9 +120,11 @@ def _projection(gguf: GgufFile, arch, names: list[str], roles: list[str]):
     if len(quantized) == len(parts) and len(kinds) == 1:
         return parts[0] if len(parts) == 1 else \
             quant.QuantWeight(parts[0].kind, np.concatenate([p.blocks for p in parts]), parts[0].in_features)
+    if len(quantized) == len(parts):
+        return quant.StackedWeight(parts)  # kinds differ, all native: one stacked kernel call, no copy
     if not quantized:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
-    return StackedWeight(parts)
+    return WidenedStack(parts)
 
 
 def _layer_name(index: int, role: str, suffix: str = "weight") -> str:
@@ -167,8 +169,9 @@ def _release_copied(gguf: GgufFile, weights: list, names: list[str]) -> None:
     """Drop from this process's resident set the pages of tensors `names` that building `weights`
     read and no kernel reads again (copied: repacked, reordered, widened); the pages a kernel reads
     in place (Q8_0 blocks, the embedding's rows) stay mapped as they are."""
-    read_in_place = [w.native_blocks.array for w in weights
-                     if isinstance(w, quant.QuantWeight) and w.native and gguf.holds(w.native_blocks.array)]
+    parts = [p for w in weights for p in (w.parts if isinstance(w, quant.StackedWeight) else [w])]
+    read_in_place = [p.native_blocks.array for p in parts
+                     if isinstance(p, quant.QuantWeight) and p.native and gguf.holds(p.native_blocks.array)]
     for name in names:
         view = gguf.blocks(name)
         if not any(np.may_share_memory(view, a) for a in read_in_place):
