@@ -17,7 +17,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="time every decoding method on the same prompt")
     parser.add_argument("--doc", default=None, help="text to use (default: the bundled sample play)")
     parser.add_argument("--context", default="8192",
-                        help="context tokens; a comma-separated list gives the speedup curve, e.g. 1024,2048,4096,8192")
+                        help="context tokens; a comma-separated list gives the speedup curve, e.g. 1024,2048,4096,8192; "
+                             "past the model's trained context it runs stretched by context / trained (YaRN)")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--methods", default="auto,ar,triforce,draft-only,retrieval-only,hf,llama.cpp",
                         help=f"comma-separated, any of {','.join(ALL_METHODS)} (llama.cpp: when llama-cpp-python's "
@@ -89,8 +90,11 @@ def run(args: argparse.Namespace) -> int:
     reports = []
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     peers = Peers(model, gguf_for(args.model) if "llama.cpp" in methods else None, log=log)
-    for workload in workloads:
-        for context in contexts:
+    trained = model.max_context
+    for context in contexts:  # a context past the trained one runs the model stretched to it (YaRN)
+        model = _model_for(engine, args, context, model, trained)
+        peers.use_model(model)
+        for workload in workloads:
             if context + args.new_tokens + 64 > model.max_context:
                 raise InvalidSettingError(f"--context {context} + {args.new_tokens} new tokens exceed the model's "
                                           f"{model.max_context}-token context: use a shorter context")
@@ -107,6 +111,20 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(f"wrote {args.json}")
     return 0
+
+
+def _model_for(engine, args, context: int, model, trained: int):
+    """The loaded model for a `context`-token prompt: `model` while the prompt and its answer fit the
+    trained context, else the model stretched by context / trained (YaRN, engine/model/stretch.py)
+    with room for the answer past it, loaded once per context."""
+    from engine.model.stretch import Stretch
+
+    window = context + args.new_tokens + 64
+    if context <= trained:  # a prompt within the trained context never stretches (too long an answer is refused)
+        return model if model.max_context == trained else engine.load_weights(engine.resolve(args.model))
+    if model.max_context == window:
+        return model
+    return engine.load_weights(engine.resolve(args.model), context=Stretch(window, scale=context))
 
 
 def _write(path: str, reports: list[dict]) -> None:

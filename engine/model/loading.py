@@ -87,18 +87,24 @@ def load_tokenizer(path: Path):
 
 
 def load_folder(folder_info, device: str = "auto", max_positions: int | None = None,
-                placement=None, file_blocks: bool | None = None) -> LoadedModel:
+                placement=None, file_blocks: bool | None = None, context=None) -> LoadedModel:
     """Load a resolved model folder (anything with `.path`, or a plain path).
 
     placement: an `engine.model.placement.Placement` (from a planner plan): the weights go to its
     card(s), as one card, a layer split or tensor parallel; `device` then only picks the dtype.
     file_blocks: on the CPU, a model converted from a quantized GGUF runs the file's own low-bit
     blocks (engine.model.quant): None = whenever it can, True = must (else a typed error),
-    False = the float32 conversion (the oracle the quantized target is tested against)."""
+    False = the float32 conversion (the oracle the quantized target is tested against).
+    context: a window past the trained context (tokens, or an engine.model.stretch.Stretch): the
+    config's RoPE becomes YaRN with the smallest factor that fits (engine/model/stretch.py)."""
     path = Path(getattr(folder_info, "path", folder_info))
     if not (path / "config.json").is_file():
         raise ModelFormatError(f"{path} has no config.json: pass a model folder saved by transformers")
     config = load_config(path)
+    if context is not None:
+        from engine.model.stretch import stretch_config
+
+        stretch_config(config, context)
     tokenizer = load_tokenizer(path)
     if placement is None:
         dev, dtype = pick_device(device)

@@ -162,6 +162,11 @@ class Peers:
         self._llama = None
         self.skipped: dict[str, str] = {}
 
+    def use_model(self, model: LoadedModel) -> None:
+        """The model the next cells run (another stretch of the same file): transformers' copy follows it."""
+        if model is not self.model:
+            self.model, self._hf = model, None
+
     def hf(self):
         from engine.tools.peers import HFPeer
 
@@ -298,8 +303,11 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
         results["auto"].best_fixed = best.method
         results["auto"].paired_vs_best_fixed = paired_speedup(runs[best.method], runs["auto"])
         results["auto"].paired_vs_best_fixed_interval = paired_interval(runs[best.method], runs["auto"])
+    from engine.model.stretch import describe_rope
+
     return {
         "model": model.model_id,
+        "rope": describe_rope(model.config),  # None unless stretched past its trained context
         "device": str(model.device) if model.device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
         "workload": workload,
         "context_tokens": len(prompt),
@@ -345,7 +353,8 @@ def _interval_note(interval: list | None) -> str:
 
 def format_report(report: dict) -> str:
     """The report as a table: median ms/token with min-max, speedup, acceptance, exactness."""
-    lines = [f"{report['model']} on {report['device']}: {report['workload']}, {report['context_tokens']} tokens of "
+    stretched = f" stretched ({report['rope']})" if report.get("rope") else ""
+    lines = [f"{report['model']}{stretched} on {report['device']}: {report['workload']}, {report['context_tokens']} tokens of "
              f"context, {report['new_tokens']} new tokens, {report.get('repeats', '?')} repeats interleaved "
              f"{'step by step' if report.get('interleave', 'answer') == 'step' else 'answer by answer'}, "
              f"{report['settings']}, load average {report.get('load_average_before', ['?'])[0]} -> "
@@ -408,8 +417,11 @@ def run_reopen_bench(model: LoadedModel, text: str, context: int, repeats: int =
         warm = [first_token_seconds(store) for _ in range(repeats)]
         snapshot_bytes = store.total_bytes()
     log(f"fresh prefill {cold}, from snapshot {warm}")
+    from engine.model.stretch import describe_rope
+
     return {
-        "model": model.model_id, "context_tokens": len(prompt), "snapshot_bytes": snapshot_bytes,
+        "model": model.model_id,
+        "rope": describe_rope(model.config),  # None unless stretched past its trained context "context_tokens": len(prompt), "snapshot_bytes": snapshot_bytes,
         "fresh_prefill_s": statistics.median(t for t, _ in cold),
         "from_snapshot_s": statistics.median(t for t, _ in warm),
         "tokens_computed_fresh": cold[0][1], "tokens_computed_from_snapshot": warm[0][1],
