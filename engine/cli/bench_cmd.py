@@ -21,8 +21,9 @@ def register(subparsers) -> None:
                              "past the model's trained context it runs stretched by context / trained (YaRN)")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--methods", default="auto,ar,triforce,draft-only,retrieval-only,hf,llama.cpp",
-                        help=f"comma-separated, any of {','.join(ALL_METHODS)} (llama.cpp: when llama-cpp-python's "
-                             "venv exists, see ../shared/tools/build-llama-cpp-python.sh)")
+                        help=f"comma-separated, any of {','.join(ALL_METHODS)} (llama.cpp: its own llama-server where "
+                             "../shared/tools/build-llama-cpp-server.sh built it, else llama-cpp-python's venv; "
+                             "llama.cpp:TYPE runs the server's --spec-type TYPE, e.g. llama.cpp:ngram-simple)")
     parser.add_argument("--workload", default="continue", choices=("continue", "qa", "both", "reopen", "passages"),
                         help="continue a passage (PG-19 setting), answer a question about it, both, or reopen: "
                              "time to first token on a document with and without its prefill snapshot, or passages: "
@@ -46,7 +47,10 @@ def run(args: argparse.Namespace) -> int:
     from engine.api import Engine
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in ALL_METHODS]
+    from engine.tools.llama_server import SPEC_TYPES
+
+    unknown = [m for m in methods if m not in ALL_METHODS and not (
+        m.startswith("llama.cpp:") and m.partition(":")[2] in SPEC_TYPES)]
     if unknown:
         raise InvalidSettingError(f"unknown method(s) {', '.join(unknown)}: use any of {', '.join(ALL_METHODS)}")
     if args.max_steal is not None and not 0 <= args.max_steal < 100:
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     workloads = ["continue", "qa"] if args.workload == "both" else [args.workload]
     reports = []
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    peers = Peers(model, gguf_for(args.model) if "llama.cpp" in methods else None, log=log)
+    peers = Peers(model, gguf_for(args.model) if any(m.startswith("llama.cpp") for m in methods) else None, log=log)
     trained = model.max_context
     for context in contexts:  # a context past the trained one runs the model stretched to it (YaRN)
         model = _model_for(engine, args, context, model, trained)

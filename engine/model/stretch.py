@@ -103,6 +103,14 @@ def describe_rope(config: Any) -> str | None:
     return f"YaRN x{shown} over a trained {params.get('original_max_position_embeddings')}"
 
 
+def yarn_of(config: Any) -> tuple[float, int] | None:
+    """(factor, trained context) of a YaRN config, as llama.cpp's --rope-scale and --yarn-orig-ctx take them."""
+    params = _rope_params({"rope_parameters": getattr(config, "rope_parameters", None)})
+    if params.get("rope_type") != "yarn":
+        return None
+    return float(params.get("factor") or 1.0), int(params.get("original_max_position_embeddings"))
+
+
 def rope_tag(config: Any) -> str:
     """A short tag naming a YaRN stretch ("" for none): stretched K/V are other bits
     than the unstretched model's, so prefill snapshots key on it."""
