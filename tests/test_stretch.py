@@ -97,3 +97,25 @@ def test_stretched_logits_match_transformers_yarn(tiny_model_dir):
     with torch.no_grad():
         unstretched = plain(ids[None]).logits[0]
     assert (unstretched[past] - ref[past]).abs().max().item() > 1e-3  # 10x the tolerance above
+
+
+def test_the_engine_opens_a_model_stretched_to_its_context(tiny_model_dir):
+    from engine.api import Engine
+
+    folder = tiny_model_dir("llama", max_position_embeddings=TRAINED)
+    engine = Engine(devices="cpu", snapshots=False, context=3 * TRAINED)
+    model = engine.load_weights(engine.resolve(str(folder)))
+    assert model.max_context == 3 * TRAINED and model.runner.rope.rope_type == "yarn"
+    assert model.config.rope_parameters["factor"] == 3.0
+    assert Engine(devices="cpu").load_weights(engine.resolve(str(folder))).max_context == TRAINED
+
+
+def test_chat_refuses_a_context_out_of_range_in_one_line(tiny_model_dir, capsys):
+    from engine.cli import main
+
+    assert main(["chat", "--model", "/no/such/model", "--ask", "hi", "--no-save", "--context", "0"]) == 2
+    assert capsys.readouterr().err == "error: --context 0 is out of range: use 1 or more tokens\n"
+    folder = tiny_model_dir("llama", max_position_embeddings=TRAINED)
+    assert main(["chat", "--model", str(folder), "--ask", "hi", "--no-save", "--context", str(9 * TRAINED)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # (after the tiny model's own progress lines)
+    assert last.startswith("error: --context 1152 would stretch") and last.endswith("use at most 1024 tokens")

@@ -191,12 +191,13 @@ def _max_context(folder, context: int | None = None) -> int:
 
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        if context is not None:
-            return min(context, int(stretched_dict(config, context, name=folder.name)["max_position_embeddings"]))
-        return int(config.get("max_position_embeddings") or 4096)
+        trained = int(config.get("max_position_embeddings") or 4096)
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         raise ModelFormatError(f"{folder / 'config.json'} is not a valid model config ({exc}): fix the file, "
                                "or convert or download the model again") from None
+    if context is None:
+        return trained
+    return min(context, int(stretched_dict(config, context, name=folder.name)["max_position_embeddings"]))
 
 
 def _stats(final: Finished, chat_id) -> dict:
