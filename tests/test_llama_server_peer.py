@@ -23,7 +23,7 @@ def test_the_command_line_carries_the_stretch_and_the_decoder():
                          spec_type="ngram-simple")
     line = " ".join(cmd)
     assert "-m /m.gguf" in line and "-c 16512" in line and "-t 2 -tb 2" in line and "--host 127.0.0.1" in line
-    assert "--rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 8192" in line
+    assert "--rope-scaling yarn --rope-scale 2.0 --yarn-orig-ctx 8192" in line
     assert "--spec-type ngram-simple" in line
     plain = " ".join(server_command(Path("s"), Path("m"), 4096, 2, 1))
     assert "--rope" not in plain and "--yarn" not in plain and "--spec-type" not in plain
@@ -69,6 +69,11 @@ FAKE_SERVER = textwrap.dedent('''
             self._send({"status": "ok"} if self.path == "/health" else {"build_info": "b-fake"})
         def do_POST(self):
             request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if canned.get("refuse"):
+                self.send_response(400)
+                self.end_headers()
+                self.wfile.write(canned["refuse"].encode())
+                return
             with open(record, "a") as fh:
                 fh.write(json.dumps(request) + "\\n")
             n = request["n_predict"]
@@ -100,9 +105,22 @@ def test_a_peer_starts_answers_and_closes(tmp_path):
         peer.close()
     assert peer.proc.poll() is not None  # the server is gone
     argv = json.loads((tmp_path / "llama-server.argv").read_text())
-    assert argv[argv.index("--rope-scale") + 1] == "4" and argv[argv.index("--spec-type") + 1] == "ngram-mod"
+    assert argv[argv.index("--rope-scale") + 1] == "4.0" and argv[argv.index("--spec-type") + 1] == "ngram-mod"
     requests = [json.loads(line) for line in (tmp_path / "llama-server.requests").read_text().splitlines()]
     assert [r["prompt"][:2] for r in requests] == [[100, 101], [100, 101]] and all(r["cache_prompt"] for r in requests)
+
+
+def test_a_refused_request_raises_with_the_servers_reason(tmp_path):
+    script = tmp_path / "llama-server"
+    script.write_text(f"#!{sys.executable}\n" + FAKE_SERVER)
+    script.chmod(0o755)
+    (tmp_path / "llama-server.reply").write_text(json.dumps(dict(CANNED, refuse="exceeds the available context")))
+    peer = LlamaServerPeer(script, tmp_path / "m.gguf", 2048, 2, start_timeout_s=60)
+    try:
+        with pytest.raises(RuntimeError, match="answered 400: exceeds the available context"):
+            peer.run([1, 2, 3], 4)
+    finally:
+        peer.close()
 
 
 def test_a_server_that_exits_is_reported_with_its_log(tmp_path):

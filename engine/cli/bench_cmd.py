@@ -18,7 +18,7 @@ def register(subparsers) -> None:
     parser.add_argument("--doc", default=None, help="text to use (default: the bundled sample play)")
     parser.add_argument("--context", default="8192",
                         help="context tokens; a comma-separated list gives the speedup curve, e.g. 1024,2048,4096,8192; "
-                             "past the model's trained context it runs stretched by context / trained (YaRN)")
+                             "past the model's trained context it runs stretched to it and the answer (YaRN)")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--methods", default="auto,ar,triforce,draft-only,retrieval-only,hf,llama.cpp",
                         help=f"comma-separated, any of {','.join(ALL_METHODS)} (llama.cpp: its own llama-server where "
@@ -118,9 +118,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _model_for(engine, args, context: int, model, trained: int):
-    """The loaded model for a `context`-token prompt: `model` while the prompt and its answer fit the
-    trained context, else the model stretched by context / trained (YaRN, engine/model/stretch.py)
-    with room for the answer past it, loaded once per context."""
+    """The loaded model for a `context`-token prompt: `model` while the prompt fits the trained
+    context, else the model stretched to the prompt and its answer (YaRN by window / trained,
+    engine/model/stretch.py; llama.cpp's server holds no more than trained x factor tokens, so the
+    peer runs the same factor), loaded once per context."""
     from engine.model.stretch import Stretch
 
     window = context + args.new_tokens + 64
@@ -128,7 +129,7 @@ def _model_for(engine, args, context: int, model, trained: int):
         return model if model.max_context == trained else engine.load_weights(engine.resolve(args.model))
     if model.max_context == window:
         return model
-    return engine.load_weights(engine.resolve(args.model), context=Stretch(window, scale=context))
+    return engine.load_weights(engine.resolve(args.model), context=Stretch(window))
 
 
 def _write(path: str, reports: list[dict]) -> None:

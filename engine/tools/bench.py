@@ -311,7 +311,12 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
                 peer = peers.llama(len(prompt) + new_tokens + 64, batch[0])
                 if peer is None:
                     continue
-                done[batch[0]] = peer.run(prompt, new_tokens)
+                try:
+                    done[batch[0]] = peer.run(prompt, new_tokens)
+                except (RuntimeError, OSError, ValueError) as exc:  # an optional peer: skipped, the bench goes on
+                    peers.skipped[batch[0]] = f"{batch[0]} failed: {exc}"
+                    log(peers.skipped[batch[0]])
+                    continue
             run_steal = steal_percent(start, read_cpu_times())  # a repeat is as stolen as its worst run:
             if run_steal is not None:  # a spell that hits one method skews that repeat's paired ratios
                 steal = run_steal if steal is None else max(steal, run_steal)

@@ -84,7 +84,8 @@ def server_command(binary: Path, gguf: Path, n_ctx: int, threads: int, port: int
            "--host", "127.0.0.1", "--port", str(port), "-np", "1", "--no-webui"]
     if rope is not None:
         factor, trained = rope
-        cmd += ["--rope-scaling", "yarn", "--rope-scale", f"{factor:g}", "--yarn-orig-ctx", str(trained)]
+        # the exact factor: the server holds at most trained x factor tokens
+        cmd += ["--rope-scaling", "yarn", "--rope-scale", repr(float(factor)), "--yarn-orig-ctx", str(trained)]
     if spec_type:
         cmd += ["--spec-type", spec_type]
     return cmd
@@ -154,8 +155,11 @@ class LlamaServerPeer:
         data = json.dumps(completion_request(prompt, new_tokens)).encode()
         request = urllib.request.Request(self.url + "/completion", data=data,
                                          headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=7200) as reply:
-            got = parse_completion(json.loads(reply.read()))
+        try:
+            with urllib.request.urlopen(request, timeout=7200) as reply:
+                got = parse_completion(json.loads(reply.read()))
+        except urllib.error.HTTPError as exc:  # the server's own reason (e.g. a context it does not hold)
+            raise RuntimeError(f"llama-server answered {exc.code}: {exc.read()[:300].decode(errors='replace')}") from None
         if got.prompt_tokens > 1:  # this request computed the prompt: its prefill rate
             self.last_prefill = got
         return got
