@@ -63,7 +63,7 @@ class Engine:
 
     def __init__(self, devices: str = "auto", *, snapshots: bool = True,
                  snapshot_cap_bytes: int = SNAPSHOT_CACHE_BYTES, first_cache_tokens: int | None = 16384,
-                 cuda_graphs: bool = False, file_blocks: bool | None = None) -> None:
+                 cuda_graphs: bool = False, file_blocks: bool | None = None, context: int | None = None) -> None:
         """devices: "auto" (the planner places weights and KV on the CUDA cards torch sees, or the
         CPU), or one device ("cpu", "cuda:1") used as it is, without planning.
         snapshots: keep prefilled books as KV snapshots on disk (at most snapshot_cap_bytes).
@@ -71,13 +71,16 @@ class Engine:
         (None: reserve the whole capacity at once).
         cuda_graphs: replay fixed-shape steps from CUDA graphs (opt-in until measured on a GPU).
         file_blocks: on the CPU, a model converted from a quantized GGUF runs the file's own blocks
-        (None: whenever it can; False: the float32 conversion; True: must, else a typed error)."""
+        (None: whenever it can; False: the float32 conversion; True: must, else a typed error).
+        context: a window in tokens; past the model's trained context the target is stretched to it
+        (YaRN with the smallest factor that fits: engine/model/stretch.py), and planned for it."""
         self.devices = devices
         self.snapshots = snapshots
         self.snapshot_cap_bytes = snapshot_cap_bytes
         self.first_cache_tokens = first_cache_tokens
         self.cuda_graphs = cuda_graphs
         self.file_blocks = file_blocks
+        self.context = context
 
     # --- the two halves of open ------------------------------------------------------------------
     @staticmethod
@@ -103,22 +106,25 @@ class Engine:
         from engine.model.placement import placement_for_folders
 
         draft_path = None if draft is None else Path(getattr(draft, "path", draft))
-        return placement_for_folders(Path(getattr(target, "path", target)), draft_path, capacity, settings)
+        return placement_for_folders(Path(getattr(target, "path", target)), draft_path, capacity, settings,
+                                     stretch=self.context)
 
     def load_weights(self, folder: "ModelFolder", placement: "GpuPlacement | None" = None,
-                     draft: bool = False) -> "LoadedModel":
+                     draft: bool = False, context=None) -> "LoadedModel":
         """Load a resolved folder where `placement` (a GpuPlacement, or a planner Plan) puts it: the
-        target on its cards, the draft on its draft card; on `devices` without one."""
+        target on its cards, the draft on its draft card; on `devices` without one. context: the
+        target's window (default: the engine's), a token count or an engine.model.stretch.Stretch."""
         from engine.model.loading import load_folder
 
+        context = self.context if context is None and not draft else context
         if placement is None:
-            return load_folder(folder, device=self.devices, file_blocks=self.file_blocks)
+            return load_folder(folder, device=self.devices, file_blocks=self.file_blocks, context=context)
         plan = getattr(placement, "plan", placement)
         if draft:
             return load_folder(folder, device=plan.draft_device or "auto")
         from engine.model.placement import Placement
 
-        return load_folder(folder, placement=Placement.from_plan(plan))
+        return load_folder(folder, placement=Placement.from_plan(plan), context=context)
 
     def session(self, target: "LoadedModel", settings: DecodeSettings, draft: "LoadedModel | str" = "ngram",
                 placement: "GpuPlacement | None" = None, capacity: int | None = None) -> "ChatSession":
@@ -225,14 +231,19 @@ def shape_for(spec: str):
 
 
 def preview_plan(target_spec: str, draft_spec: str, context: int, settings: DecodeSettings, profile: str,
-                 ram_bytes: int | None = None):
+                 ram_bytes: int | None = None, stretch: bool = False):
     """The offload plan for a model on a device profile ("auto", "cpu", "4090", "4090x2"), from config
     files only, never raising for a misfit (the plan says what does not fit). ram_bytes: the RAM a
-    GPU profile assumes (the app passes this machine's; default 128 GiB)."""
+    GPU profile assumes (the app passes this machine's; default 128 GiB). stretch: plan a context past
+    the model's trained one as the YaRN stretch to it (else the context is cut to the trained one)."""
     from engine.offload.devices import device_spec
     from engine.offload.planner import plan_placement
 
     target = shape_for(target_spec)
+    if stretch:
+        from engine.model.stretch import stretched_shape
+
+        target = stretched_shape(target, context)
     draft = shape_for(draft_spec) if draft_spec not in DRAFTERS_WITHOUT_MODEL else None
     context = min(context, target.max_context)
     devices = device_spec(profile, ram_bytes) if ram_bytes else profile

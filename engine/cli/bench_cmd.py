@@ -18,11 +18,13 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="time every decoding method on the same prompt")
     parser.add_argument("--doc", default=None, help="text to use (default: the bundled sample play)")
     parser.add_argument("--context", type=v.integer_list(64, 2**31 - 1, "tokens"), default="8192",
-                        help="context tokens; a comma-separated list gives the speedup curve, e.g. 1024,2048,4096,8192")
+                        help="context tokens; a comma-separated list gives the speedup curve, e.g. 1024,2048,4096,8192; "
+                             "past the model's trained context it runs stretched to it and the answer (YaRN)")
     parser.add_argument("--new-tokens", type=v.integer(1, 2**31 - 1, "tokens"), default=64)
     parser.add_argument("--methods", default="auto,ar,triforce,draft-only,retrieval-only,hf,llama.cpp",
-                        help=f"comma-separated, any of {','.join(ALL_METHODS)} (llama.cpp: when llama-cpp-python's "
-                             "venv exists, see ../shared/tools/build-llama-cpp-python.sh)")
+                        help=f"comma-separated, any of {','.join(ALL_METHODS)} (llama.cpp: its own llama-server where "
+                             "../shared/tools/build-llama-cpp-server.sh built it, else llama-cpp-python's venv; "
+                             "llama.cpp:TYPE runs the server's --spec-type TYPE, e.g. llama.cpp:ngram-simple)")
     parser.add_argument("--workload", default="continue", choices=("continue", "qa", "both", "reopen", "passages"),
                         help="continue a passage (PG-19 setting), answer a question about it, both, or reopen: "
                              "time to first token on a document with and without its prefill snapshot, or passages: "
@@ -52,7 +54,10 @@ def run(args: argparse.Namespace) -> int:
     from engine.api import Engine, check_device, read_document
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in ALL_METHODS]
+    from engine.tools.llama_server import SPEC_TYPES
+
+    unknown = [m for m in methods if m not in ALL_METHODS and not (
+        m.startswith("llama.cpp:") and m.partition(":")[2] in SPEC_TYPES)]
     if unknown:
         raise InvalidSettingError(f"unknown method(s) {', '.join(unknown)}: use any of {', '.join(ALL_METHODS)}")
     contexts = args.context  # whole numbers from 64 up (validate.integer_list)
@@ -90,9 +95,12 @@ def run(args: argparse.Namespace) -> int:
     workloads = ["continue", "qa"] if args.workload == "both" else [args.workload]
     reports = []
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    peers = Peers(model, gguf_for(args.model) if "llama.cpp" in methods else None, log=log)
-    for workload in workloads:
-        for context in contexts:
+    peers = Peers(model, gguf_for(args.model) if any(m.startswith("llama.cpp") for m in methods) else None, log=log)
+    trained = model.max_context
+    for context in contexts:  # a context past the trained one runs the model stretched to it (YaRN)
+        model = _model_for(engine, args, context, model, trained)
+        peers.use_model(model)
+        for workload in workloads:
             if context + args.new_tokens + 64 > model.max_context:
                 raise InvalidSettingError(f"--context {context} + {args.new_tokens} new tokens exceed the model's "
                                           f"{model.max_context}-token context: use a shorter context")
@@ -109,6 +117,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(f"wrote {args.json}")
     return 0
+
+
+def _model_for(engine, args, context: int, model, trained: int):
+    """The loaded model for a `context`-token prompt: `model` while the prompt fits the trained
+    context, else the model stretched to the prompt and its answer (YaRN by window / trained,
+    engine/model/stretch.py; llama.cpp's server holds no more than trained x factor tokens, so the
+    peer runs the same factor), loaded once per context."""
+    from engine.model.stretch import Stretch
+
+    window = context + args.new_tokens + 64
+    if context <= trained:  # a prompt within the trained context never stretches (too long an answer is refused)
+        return model if model.max_context == trained else engine.load_weights(engine.resolve(args.model))
+    if model.max_context == window:
+        return model
+    return engine.load_weights(engine.resolve(args.model), context=Stretch(window))
 
 
 def _write(path: str, reports: list[dict]) -> None:

@@ -92,6 +92,9 @@ def register(subparsers) -> None:
     parser.add_argument("--no-save", action="store_true", help="do not keep this chat in the chat store")
     parser.add_argument("--no-snapshot", action="store_true", help="neither use nor save prefilled-book snapshots")
     parser.add_argument("--max-new-tokens", type=v.integer(1, 2**31 - 1, "tokens"), default=256)
+    parser.add_argument("--context", type=v.integer(64, 2**31 - 1, "tokens"), default=None, metavar="N",
+                        help="the chat's window in tokens; past the model's trained context it is stretched with "
+                             "YaRN (the smallest factor that fits; lower quality beyond the trained length)")
     fallback = FALLBACK_SAMPLING
     parser.add_argument("--temperature", type=v.temperature, default=None,
                         help=f"0 = greedy (default: the model's recommended, from its generation_config.json, "
@@ -149,14 +152,17 @@ def run(args: argparse.Namespace) -> int:
     messages = history + [ChatMessage("user", args.ask)]
 
     # resolve specs before importing torch/transformers, so a wrong spec fails in a blink
+    if args.context is not None and args.context < 1:
+        raise InvalidSettingError(f"--context {args.context} is out of range: use 1 or more tokens")
     engine = Engine(devices=args.device, snapshots=not args.no_snapshot, first_cache_tokens=None,
-                    cuda_graphs=args.cuda_graphs, file_blocks=None if args.weights == "file" else False)
+                    cuda_graphs=args.cuda_graphs, file_blocks=None if args.weights == "file" else False,
+                    context=args.context)
     target_folder = engine.resolve(args.model, progress=_progress_printer(args))
     draft = args.draft if args.draft in ("ngram", "none") else engine.resolve(args.draft)
     # the prompt's length sizes the plan and the cache: check it before any weight is read
     from engine.cli.fit import document_fits, fit_conversation, fit_stats, print_passages, remember_fits
 
-    max_context = _max_context(target_folder.path)
+    max_context = _max_context(target_folder.path, args.context)
     fits = document_fits(args, store, chat_id, len(documents) - len(new_docs), len(new_docs))
     fitted = fit_conversation(args, target_folder, messages, documents, fits, max_context)  # refuses (exit 2)
     prompt_len, needed = fitted.prompt_tokens, fitted.prompt_tokens + args.max_new_tokens
@@ -182,13 +188,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _max_context(folder) -> int:
+def _max_context(folder, context: int | None = None) -> int:
+    """The model's window: its trained context, or `context` (--context; a stretch is checked here)."""
+    from engine.model.stretch import stretched_dict
+
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        return int(config.get("max_position_embeddings") or 4096)
+        trained = int(config.get("max_position_embeddings") or 4096)
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         raise ModelFormatError(f"{folder / 'config.json'} is not a valid model config ({exc}): fix the file, "
                                "or convert or download the model again") from None
+    if context is None:
+        return trained
+    return min(context, int(stretched_dict(config, context, name=folder.name)["max_position_embeddings"]))
 
 
 def _stats(final: Finished, chat_id) -> dict:

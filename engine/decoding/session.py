@@ -362,6 +362,8 @@ class ChatSession:
 
     # --- snapshots (prefilled books) -----------------------------------------------------------
     def _snapshot_key(self) -> str:
+        from engine.model.stretch import rope_tag
+
         folder = self.target.folder
         key = f"{self.target.model_id}:{getattr(folder, 'weights_hash', '')}:{self.full.dtype}"
         kv_dtype = getattr(self.full, "kv_dtype", self.full.dtype)
@@ -372,6 +374,9 @@ class ChatSession:
         # tensor parallel sums split matmuls in another order: its K/V differ from one card's by rounding;
         # the GGUF's own blocks (weights_tag) are another target than their float32 conversion
         tags = [getattr(self.target.runner, name, "") for name in ("split_tag", "weights_tag")]
+        tags.append(rope_tag(getattr(self.target, "config", None)))  # a YaRN stretch: other positions, other K/V
+        if getattr(self.full, "prefill_kernel", ""):  # prefill chunks through another kernel: other K/V bits
+            tags.append(f"prefill-{self.full.prefill_kernel}")
         return ":".join([key] + [t for t in tags if t])
 
     def _restore_snapshot(self, tokens: list[int], reuse: int) -> int:

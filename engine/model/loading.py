@@ -107,7 +107,7 @@ def load_tokenizer(path: Path):
 
 
 def load_folder(folder_info, device: str = "auto", max_positions: int | None = None,
-                placement=None, file_blocks: bool | None = None) -> LoadedModel:
+                placement=None, file_blocks: bool | None = None, context=None) -> LoadedModel:
     """Load a resolved model folder (anything with `.path`, or a plain path).
 
     placement: an `engine.model.placement.Placement` (from a planner plan): the weights go to its
@@ -115,16 +115,19 @@ def load_folder(folder_info, device: str = "auto", max_positions: int | None = N
     file_blocks: on the CPU, a GGUF (its metadata folder, engine/store/models.py) runs the file's own
     low-bit blocks, memory-mapped (engine/model/gguf_weights.py): None = whenever it can, True = must
     (else a typed error), False = widened to float32 (the oracle the quantized target is tested
-    against). An older float32 conversion folder swaps its source GGUF's blocks in the same way."""
+    against). An older float32 conversion folder swaps its source GGUF's blocks in the same way.
+    context: a window past the trained context (tokens, or an engine.model.stretch.Stretch): the
+    config's RoPE becomes YaRN with the smallest factor that fits (engine/model/stretch.py)."""
     path = Path(getattr(folder_info, "path", folder_info))
     from engine.store.models import gguf_model_file
 
     gguf = gguf_model_file(path)
     if gguf is not None:
-        return _load_gguf(folder_info, path, gguf, device, max_positions, placement, file_blocks)
+        return _load_gguf(folder_info, path, gguf, device, max_positions, placement, file_blocks, context)
     if not (path / "config.json").is_file():
         raise ModelFormatError(f"{path} has no config.json: pass a model folder saved by transformers")
     config = load_config(path)
+    _stretch(config, context)
     tokenizer = load_tokenizer(path)
     if placement is None:
         dev, dtype = pick_device(device)
@@ -138,7 +141,7 @@ def load_folder(folder_info, device: str = "auto", max_positions: int | None = N
 
 
 def _load_gguf(folder_info, path: Path, gguf: Path, device: str, max_positions: int | None, placement,
-               file_blocks: bool | None) -> LoadedModel:
+               file_blocks: bool | None, context=None) -> LoadedModel:
     """A GGUF's metadata folder: the weights come from the file. On the CPU they run as stored
     (memory-mapped blocks: engine/model/gguf_weights.py) unless file_blocks is False; elsewhere
     (and for the float32 oracle) they are widened tensor by tensor."""
@@ -146,6 +149,7 @@ def _load_gguf(folder_info, path: Path, gguf: Path, device: str, max_positions: 
     from engine.model.gguf_weights import check_tensors, file_runner, state_dict
 
     config = load_config(path)
+    _stretch(config, context)
     tokenizer = load_tokenizer(path)
     header = read_header(gguf)
     check_tensors(header, config)
@@ -163,6 +167,14 @@ def _load_gguf(folder_info, path: Path, gguf: Path, device: str, max_positions: 
     else:
         runner = placement.build_runner(config, state_dict(header, config, dtype), dtype, max_positions)
     return LoadedModel(folder_info, config, tokenizer, runner, _eos_ids(path, config, tokenizer))
+
+
+def _stretch(config, context) -> None:
+    """Apply a stretched window (YaRN) to `config` in place; None leaves it as trained."""
+    if context is not None:
+        from engine.model.stretch import stretch_config
+
+        stretch_config(config, context)
 
 
 def _use_file_blocks(runner, path: Path, required: bool) -> None:

@@ -117,8 +117,9 @@ def plan_for_folders(target_folder: Path, draft_folder: Path | None, context_tok
 
 
 def placement_for_folders(target_folder: Path, draft_folder: Path | None, context_tokens: int | None,
-                          settings: DecodeSettings, devices: str = "auto") -> GpuPlacement | None:
-    """Like plan_for_folders, keeping what the plan was made from (see GpuPlacement)."""
+                          settings: DecodeSettings, devices: str = "auto", stretch=None) -> GpuPlacement | None:
+    """Like plan_for_folders, keeping what the plan was made from (see GpuPlacement). stretch: the
+    target's window past its trained context (engine/model/stretch.py), so its KV is planned too."""
     if devices == "cpu" or (devices == "auto" and not torch.cuda.is_available()):
         return None
     import gc
@@ -131,11 +132,15 @@ def placement_for_folders(target_folder: Path, draft_folder: Path | None, contex
 
     from engine.offload.shapes import ModelShape
 
-    def shape(folder: Path) -> ModelShape:
+    from engine.model.stretch import Stretch, stretched_dict
+
+    def shape(folder: Path, stretch=None) -> ModelShape:
         config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+        if stretch is not None:
+            config = stretched_dict(config, stretch.window, stretch.scale, name=Path(folder).name)
         return ModelShape.from_config(config, name=Path(folder).name)
 
-    return placement_for_shapes(shape(target_folder), shape(draft_folder) if draft_folder is not None else None,
+    return placement_for_shapes(shape(target_folder, Stretch.of(stretch)), shape(draft_folder) if draft_folder is not None else None,
                                 context_tokens, settings, devices)
 
 

@@ -160,7 +160,14 @@ class Peers:
         self.model, self.gguf, self.log = model, gguf, log
         self._hf = None
         self._llama = None
+        self._servers: dict = {}  # method -> LlamaServerPeer, all for _servers_key (n_ctx, stretch)
+        self._servers_key = None
         self.skipped: dict[str, str] = {}
+
+    def use_model(self, model: LoadedModel) -> None:
+        """The model the next cells run (another stretch of the same file): transformers' copy follows it."""
+        if model is not self.model:
+            self.model, self._hf = model, None
 
     def hf(self):
         from engine.tools.peers import HFPeer
@@ -169,12 +176,23 @@ class Peers:
             self._hf = HFPeer(self.model)
         return self._hf
 
-    def llama(self, n_ctx: int):
-        """The llama.cpp peer for prompts up to n_ctx tokens, or None (the reason in `skipped`)."""
+    def llama(self, n_ctx: int, method: str = "llama.cpp"):
+        """The llama.cpp peer for prompts up to n_ctx tokens, or None (the reason in `skipped`):
+        llama.cpp's own llama-server where it is built (method "llama.cpp:TYPE" runs its
+        --spec-type TYPE), else llama-cpp-python (plain decoding only)."""
+        from engine.tools.llama_server import llama_server_binary
+
+        if method in self.skipped:
+            return None
+        binary = llama_server_binary()
+        if binary is not None and self.gguf is not None:
+            return self._server(binary, n_ctx, method)
+        if method != "llama.cpp":
+            self.skipped[method] = "needs llama.cpp's llama-server (../shared/tools/build-llama-cpp-server.sh)"
+            self.log(f"{method} skipped: {self.skipped[method]}")
+            return None
         from engine.tools.peers import LLAMA_PYTHON_ENV, LlamaCppPeer, llama_cpp_python
 
-        if "llama.cpp" in self.skipped:
-            return None
         python = llama_cpp_python()
         if python is None or self.gguf is None:
             why = (f"llama-cpp-python not found (set {LLAMA_PYTHON_ENV} or run "
@@ -192,10 +210,47 @@ class Peers:
                 return None
         return self._llama[1]
 
+    def _server(self, binary, n_ctx: int, method: str):
+        """A llama-server per method for this context and stretch, kept while they stay the same
+        (each prefills a cell's prompt once)."""
+        from engine.model.stretch import yarn_of
+        from engine.tools.llama_server import LlamaServerPeer
+
+        key = (n_ctx, yarn_of(self.model.config))
+        if self._servers and self._servers_key != key:
+            self.close_llama()
+        if method not in self._servers:
+            spec = method.partition(":")[2] or None
+            try:
+                self.log(f"starting llama-server for {method} ({n_ctx} tokens)")
+                self._servers[method] = LlamaServerPeer(binary, self.gguf, n_ctx, torch.get_num_threads(),
+                                                        rope=key[1], spec_type=spec)
+            except Exception as exc:  # an optional peer: a broken build skips it, it does not end the bench
+                self.skipped[method] = f"llama-server failed to start: {exc}"
+                self.log(self.skipped[method])
+                return None
+            self._servers_key = key
+        return self._servers[method]
+
+    def server_stats(self) -> dict:
+        """Per running llama-server: its prefill rate (the request that computed the prompt), peak
+        RSS and acceptance of drafted tokens, for the report."""
+        out = {}
+        for method, peer in self._servers.items():
+            pre = peer.last_prefill
+            out[method] = {"prefill_tokens_per_s": None if pre is None else round(pre.prompt_tokens_per_s, 1),
+                           "prefill_tokens": None if pre is None else pre.prompt_tokens,
+                           "peak_rss_bytes": peer.peak_rss_bytes(), "version": peer.version,
+                           "command": " ".join(peer.command[1:])}
+        return out
+
     def close_llama(self) -> None:
         if self._llama is not None:
             self._llama[1].close()
             self._llama = None
+        for peer in self._servers.values():
+            peer.close()
+        self._servers, self._servers_key = {}, None
 
 
 def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, methods: list[str],
@@ -227,8 +282,9 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
     ours = [m for m in ordered if m in OUR_METHODS]
     attempts = 0
     session = sessions = None
+    prefill: dict = {}
     if interleave == "step" and ours:  # a session per method: each keeps its own caches and learned costs
-        sessions = sessions_on_one_prefill(model, ours, prompt, settings, draft, capacity)
+        sessions = sessions_on_one_prefill(model, ours, prompt, settings, draft, capacity, prefill)
     else:  # one session: each answer reuses the prefill the one before left
         session = ChatSession(model, settings.replace(mode="ar"), draft=draft, capacity=capacity)
     while len(steal_kept) < repeats:
@@ -252,10 +308,15 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
             elif batch[0] in HF_METHODS:
                 done[batch[0]] = peers.hf().run(prompt, new_tokens, batch[0] == "hf-lookup")
             else:
-                peer = peers.llama(len(prompt) + new_tokens + 64)
+                peer = peers.llama(len(prompt) + new_tokens + 64, batch[0])
                 if peer is None:
                     continue
-                done[batch[0]] = peer.run(prompt, new_tokens)
+                try:
+                    done[batch[0]] = peer.run(prompt, new_tokens)
+                except (RuntimeError, OSError, ValueError) as exc:  # an optional peer: skipped, the bench goes on
+                    peers.skipped[batch[0]] = f"{batch[0]} failed: {exc}"
+                    log(peers.skipped[batch[0]])
+                    continue
             run_steal = steal_percent(start, read_cpu_times())  # a repeat is as stolen as its worst run:
             if run_steal is not None:  # a spell that hits one method skews that repeat's paired ratios
                 steal = run_steal if steal is None else max(steal, run_steal)
@@ -275,6 +336,10 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
         if structures is not None:
             extra["auto"]["structures"].append(structures)
     load_after, cell_steal = os.getloadavg(), steal_percent(cell_start, read_cpu_times())
+    from engine.tools.memory_floor import memory_floor
+
+    floor = memory_floor(model, len(prompt))
+    servers = peers.server_stats()
     any_session = session if session is not None else next(iter(sessions.values()))
     reference = tokens["ar"]
     results: dict[str, MethodResult] = {}
@@ -298,8 +363,11 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
         results["auto"].best_fixed = best.method
         results["auto"].paired_vs_best_fixed = paired_speedup(runs[best.method], runs["auto"])
         results["auto"].paired_vs_best_fixed_interval = paired_interval(runs[best.method], runs["auto"])
+    from engine.model.stretch import describe_rope
+
     return {
         "model": model.model_id,
+        "rope": describe_rope(model.config),  # None unless stretched past its trained context
         "device": str(model.device) if model.device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
         "workload": workload,
         "context_tokens": len(prompt),
@@ -317,8 +385,25 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
                      "draft": getattr(any_session.drafter, "name", str(draft))},
         "interleave": interleave,
         "skipped": dict(peers.skipped),
+        "memory_floor": floor,  # a plain step's bytes over this machine's read bandwidth (memory_floor.py)
+        "prefill": {"ours": {k: (round(v, 2) if isinstance(v, float) else v) for k, v in prefill.items()},
+                    **{m: {"tokens_per_s": st["prefill_tokens_per_s"], "tokens": st["prefill_tokens"]}
+                       for m, st in servers.items()}},
+        "peak_rss_bytes": {"ours (this process, every session)": _own_peak_rss(),
+                           **{m: st["peak_rss_bytes"] for m, st in servers.items()}},
+        "llama_server": servers,
         "results": [asdict(results[m]) for m in methods if m in results],
     }
+
+
+def _own_peak_rss() -> int | None:
+    """This process's peak resident set in bytes (Linux), or None."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except (ImportError, OSError):
+        return None
 
 
 def _steal_note(report: dict) -> str:
@@ -345,7 +430,8 @@ def _interval_note(interval: list | None) -> str:
 
 def format_report(report: dict) -> str:
     """The report as a table: median ms/token with min-max, speedup, acceptance, exactness."""
-    lines = [f"{report['model']} on {report['device']}: {report['workload']}, {report['context_tokens']} tokens of "
+    stretched = f" stretched ({report['rope']})" if report.get("rope") else ""
+    lines = [f"{report['model']}{stretched} on {report['device']}: {report['workload']}, {report['context_tokens']} tokens of "
              f"context, {report['new_tokens']} new tokens, {report.get('repeats', '?')} repeats interleaved "
              f"{'step by step' if report.get('interleave', 'answer') == 'step' else 'answer by answer'}, "
              f"{report['settings']}, load average {report.get('load_average_before', ['?'])[0]} -> "
@@ -376,9 +462,29 @@ def format_report(report: dict) -> str:
         if r.get("structure"):
             lines.append(f"  {r['method']} ran: {r['structure']}; weighed (ms/token): "
                          + ", ".join(f"{name} {ms}" for name, ms in r.get("candidates", [])))
+    lines += _long_context_notes(report)
     for method, why in report.get("skipped", {}).items():
         lines.append(f"  {method} skipped: {why}")
     return "\n".join(lines)
+
+
+def _long_context_notes(report: dict) -> list[str]:
+    """The plain step's memory floor against ar's time, prefill rates and peak RSS, where measured."""
+    out = []
+    floor = report.get("memory_floor")
+    ar = next((r for r in report["results"] if r["method"] == "ar"), None)
+    if floor:
+        versus = f"; ar {ar['ms_per_token']:.1f} ms = {ar['ms_per_token'] / floor['floor_ms']:.2f}x it" if ar else ""
+        out.append(f"  plain step floor: {floor['bytes_per_step'] / 1e6:.0f} MB a step / {floor['read_gbps']} GB/s "
+                   f"measured = {floor['floor_ms']:.1f} ms{versus}")
+    rates = [f"{name} {p['tokens_per_s']:.1f} tok/s ({p['tokens']} tokens)" for name, p in
+             (report.get("prefill") or {}).items() if p and p.get("tokens_per_s")]
+    if rates:
+        out.append("  prefill: " + ", ".join(rates))
+    rss = [f"{name} {b / 2**20:.0f} MiB" for name, b in (report.get("peak_rss_bytes") or {}).items() if b]
+    if rss:
+        out.append("  peak RSS: " + ", ".join(rss))
+    return out
 
 
 def run_reopen_bench(model: LoadedModel, text: str, context: int, repeats: int = 2, log=print) -> dict:
@@ -408,8 +514,11 @@ def run_reopen_bench(model: LoadedModel, text: str, context: int, repeats: int =
         warm = [first_token_seconds(store) for _ in range(repeats)]
         snapshot_bytes = store.total_bytes()
     log(f"fresh prefill {cold}, from snapshot {warm}")
+    from engine.model.stretch import describe_rope
+
     return {
-        "model": model.model_id, "context_tokens": len(prompt), "snapshot_bytes": snapshot_bytes,
+        "model": model.model_id,
+        "rope": describe_rope(model.config),  # None unless stretched past its trained context "context_tokens": len(prompt), "snapshot_bytes": snapshot_bytes,
         "fresh_prefill_s": statistics.median(t for t, _ in cold),
         "from_snapshot_s": statistics.median(t for t, _ in warm),
         "tokens_computed_fresh": cold[0][1], "tokens_computed_from_snapshot": warm[0][1],

@@ -37,21 +37,26 @@ class StepwiseRun:
 
 
 def sessions_on_one_prefill(model, methods: list[str], prompt: list[int], settings: DecodeSettings, draft,
-                            capacity: int) -> dict[str, ChatSession]:
+                            capacity: int, prefill: dict | None = None) -> dict[str, ChatSession]:
     """A session per method, each holding the prompt's K/V: prefilled once (by a one-token answer in
-    the first session) and copied to the others."""
-    return named_sessions_on_one_prefill(model, {m: settings.replace(mode=m) for m in methods}, prompt, draft, capacity)
+    the first session) and copied to the others. prefill: filled with that answer's prefill
+    tokens, seconds and tokens/s."""
+    return named_sessions_on_one_prefill(model, {m: settings.replace(mode=m) for m in methods}, prompt, draft,
+                                         capacity, prefill)
 
 
 def named_sessions_on_one_prefill(model, named: dict[str, DecodeSettings], prompt: list[int], draft,
-                                  capacity: int) -> dict[str, ChatSession]:
+                                  capacity: int, prefill: dict | None = None) -> dict[str, ChatSession]:
     """`sessions_on_one_prefill` with each session's own settings (one mode at several draft lengths, say)."""
     sessions = {name: ChatSession(model, s, draft=draft, capacity=capacity) for name, s in named.items()}
     first_name = next(iter(named))
     first = sessions[first_name]
     first.update_settings(named[first_name].replace(mode="ar", max_new_tokens=1))
-    for _ in first.stream_ids(prompt):
-        pass
+    for event in first.stream_ids(prompt):
+        if isinstance(event, Finished) and prefill is not None:
+            m = event.metrics
+            prefill.update(tokens=m.prefill_tokens, tokens_per_s=m.prefill_tokens_per_s,
+                           seconds=m.prefill_tokens / m.prefill_tokens_per_s if m.prefill_tokens_per_s else None)
     first.update_settings(named[first_name])
     for name in list(named)[1:]:
         sessions[name].copy_held_from(first)

@@ -25,7 +25,9 @@ class HFPeer:
         from transformers import AutoModelForCausalLM
 
         path = getattr(model.folder, "path", model.folder)
-        self.hf = AutoModelForCausalLM.from_pretrained(path, dtype=model.runner.dtype).to(model.device).eval()
+        # the loaded model's config: a stretched context (YaRN) runs stretched here too
+        self.hf = AutoModelForCausalLM.from_pretrained(path, config=copy.deepcopy(model.config),
+                                                       dtype=model.runner.dtype).to(model.device).eval()
         self._prefix: tuple[list[int], object] | None = None
 
     def _cached(self, prompt: list[int]):
