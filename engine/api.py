@@ -365,3 +365,22 @@ def check_writable(chats: bool = True, snapshots: bool = True) -> None:
         except OSError as exc:
             raise StoreError(f"{folder} is not writable ({exc.strerror or exc}): check its permissions, point "
                              "TRIFORCE_HOME to a writable folder, or pass --no-save and --no-snapshot") from None
+
+
+def stretched_dict(cfg: dict, window: int | None, scale: int | None = None, name: str = "the model") -> dict:
+    """A config dict's RoPE stretched to `window` tokens (YaRN, the smallest factor that fits), or a typed
+    error naming the longest window allowed (engine/model/stretch.py)."""
+    from engine.model.stretch import stretched_dict as stretch
+
+    return stretch(cfg, window, scale, name)
+
+
+def __getattr__(name: str):
+    if name == "Stretch":  # an exact stretch to a window (the bench runs llama.cpp's server at the same factor)
+        from engine.model.stretch import Stretch
+
+        return Stretch
+    raise AttributeError(name)
+
+
+__all__ += ["stretched_dict"]  # and Stretch, lazily (__getattr__)

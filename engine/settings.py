@@ -202,3 +202,9 @@ class DecodeSettings:
         if self.max_new_tokens < 1:
             raise InvalidSettingError(f"max new tokens {self.max_new_tokens} is out of range: use 1 or more")
         self.sampling.validate()
+
+
+def default_budget(context_tokens: int, chunk: int) -> int:
+    """The retrieval budget when none is given: ~1/8 of the context, a whole number of chunks, at
+    least two chunks and at most 4096 tokens (the CLI and the bench)."""
+    return max(2 * chunk, min(4096, (context_tokens // 8) // chunk * chunk))

@@ -113,8 +113,9 @@ def test_the_engine_opens_a_model_stretched_to_its_context(tiny_model_dir):
 def test_chat_refuses_a_context_out_of_range_in_one_line(tiny_model_dir, capsys):
     from engine.cli import main
 
-    assert main(["chat", "--model", "/no/such/model", "--ask", "hi", "--no-save", "--context", "0"]) == 2
-    assert capsys.readouterr().err == "error: --context 0 is out of range: use 1 or more tokens\n"
+    with pytest.raises(SystemExit) as refused:  # refused as it is parsed, before anything loads
+        main(["chat", "--model", "/no/such/model", "--ask", "hi", "--no-save", "--context", "0"])
+    assert refused.value.code == 2 and "--context: 0 is out of range" in capsys.readouterr().err
     folder = tiny_model_dir("llama", max_position_embeddings=TRAINED)
     assert main(["chat", "--model", str(folder), "--ask", "hi", "--no-save", "--context", str(9 * TRAINED)]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # (after the tiny model's own progress lines)

@@ -124,7 +124,7 @@ def _model_for(engine, args, context: int, model, trained: int):
     context, else the model stretched to the prompt and its answer (YaRN by window / trained,
     engine/model/stretch.py; llama.cpp's server holds no more than trained x factor tokens, so the
     peer runs the same factor), loaded once per context."""
-    from engine.model.stretch import Stretch
+    from engine.api import Stretch
 
     window = context + args.new_tokens + 64
     if context <= trained:  # a prompt within the trained context never stretches (too long an answer is refused)

@@ -15,7 +15,7 @@ from engine.errors import InvalidSettingError, ModelFormatError
 from engine.events import ChatMessage, DocumentText, Finished
 from engine.settings import (
     DEFAULT_FREQUENCY_PENALTY, DEFAULT_PRESENCE_PENALTY, FALLBACK_SAMPLING, MODES, DecodeSettings, Sampling,
-    recommended_sampling,
+    default_budget, recommended_sampling,
 )
 
 
@@ -36,12 +36,6 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="on a GPU: replay fixed-shape steps from CUDA graphs (opt-in until measured)")
     parser.add_argument("--auto", action="store_true", help="with a fixed --mode: tune its gamma1/gamma2 online")
-
-
-def default_budget(context_tokens: int, chunk: int) -> int:
-    """The retrieval budget when none is given: ~1/8 of the context, a whole number of chunks, at
-    least two chunks and at most 4096 tokens (the CLI and the bench)."""
-    return max(2 * chunk, min(4096, (context_tokens // 8) // chunk * chunk))
 
 
 def build_settings(args: argparse.Namespace, context_tokens: int, recommended: Sampling | None = None) -> DecodeSettings:
@@ -190,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _max_context(folder, context: int | None = None) -> int:
     """The model's window: its trained context, or `context` (--context; a stretch is checked here)."""
-    from engine.model.stretch import stretched_dict
+    from engine.api import stretched_dict
 
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))

@@ -518,7 +518,8 @@ def run_reopen_bench(model: LoadedModel, text: str, context: int, repeats: int =
 
     return {
         "model": model.model_id,
-        "rope": describe_rope(model.config),  # None unless stretched past its trained context "context_tokens": len(prompt), "snapshot_bytes": snapshot_bytes,
+        "rope": describe_rope(model.config),  # None unless stretched past its trained context
+        "context_tokens": len(prompt), "snapshot_bytes": snapshot_bytes,
         "fresh_prefill_s": statistics.median(t for t, _ in cold),
         "from_snapshot_s": statistics.median(t for t, _ in warm),
         "tokens_computed_fresh": cold[0][1], "tokens_computed_from_snapshot": warm[0][1],

@@ -29,8 +29,8 @@ def best_ms(fn: Callable[[], object], repeats: int = 5) -> tuple[float, float]:
 def level_costs(sizes: list[int]) -> list[str]:
     """One line per held size: each level's forward and a rebuild, CPU ms / wall ms."""
     from engine.api import Engine
-    from engine.cli.chat_cmd import default_budget
-    from engine.model.stretch import Stretch
+    from engine.settings import default_budget
+    from engine.api import Stretch
     from engine.settings import DecodeSettings
 
     engine = Engine(devices="cpu", snapshots=False)
