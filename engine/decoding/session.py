@@ -375,8 +375,6 @@ class ChatSession:
         # the GGUF's own blocks (weights_tag) are another target than their float32 conversion
         tags = [getattr(self.target.runner, name, "") for name in ("split_tag", "weights_tag")]
         tags.append(rope_tag(getattr(self.target, "config", None)))  # a YaRN stretch: other positions, other K/V
-        if getattr(self.full, "prefill_kernel", ""):  # prefill chunks through another kernel: other K/V bits
-            tags.append(f"prefill-{self.full.prefill_kernel}")
         return ":".join([key] + [t for t in tags if t])
 
     def _restore_snapshot(self, tokens: list[int], reuse: int) -> int:

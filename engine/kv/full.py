@@ -28,12 +28,6 @@ class FullCache(KVCache):
     decoding step staying float32. Prefill chunks are aligned the same way
     whatever the cache held, so a prompt's bits stay one function of it.
 
-    Prefill chunks attend through the native kernel too where they attend in float32 (no
-    `prefill_dtype`) and it was built: blocked over keys with an online softmax, both cores on
-    (KV head, key segment) pairs, float16 K/V widened in registers rather than the whole prefix
-    copied to float32 every layer (less CPU than SDPA over 2K-16K keys on 2 AVX2 cores, and row for
-    row the bits a decoding step computes). `prefill_kernel` names that choice for snapshot keys.
-
     `kv_dtype` (the CPU runner with native kernels: float16): K/V are stored in that dtype, half
     the bytes a decoding step reads at long contexts; the native kernel widens them to float32 as it
     reads, so plain decoding and every verification see the same stored values (part of the
@@ -63,12 +57,10 @@ class FullCache(KVCache):
         self.values = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(n_layers)]
         self.capture_query = False
         self.last_query: list[torch.Tensor | None] = [None] * n_layers
-        self.prefill_kernel = "native" if self.native_attention and self.prefill_dtype is None \
-            and type(self).attend is FullCache.attend else ""  # a subclass's attend keeps its own prefill
 
     def _prepare(self, positions: torch.Tensor, rope: Rotary) -> None:
         self._cos, self._sin = rope.cos_sin(positions, self.dtype)
-        self._invariant = self.exact and (self._new <= MAX_ROWS or self.prefill_kernel == "native")
+        self._invariant = self.exact and self._new <= MAX_ROWS
         self._mask = None if self._invariant else causal_mask(self._new, self.length + self._new, self.device)
         self._hidden = None  # the exact kernel's mask, built at the first layer
         self._fast_rope = native.available()  # looked up once a forward, not twice a layer
