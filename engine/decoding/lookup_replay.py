@@ -12,12 +12,11 @@ equals it, so the replay is a sample of the same distribution.
 
 A draft-length rule is replayed the same way: (γ, γ after a full draft) drafts γ tokens, or the
 second length right after a cycle that kept its whole draft (n-gram drafts hold or fail in stretches:
-a draft kept whole says the text is copying). Over the bench's answers (docs/notes/cpu-speed.md)
-it replayed 6-7 % cheaper than the best single length at continue 1K and 8K.
+a draft kept whole says the text is copying), so a rule can beat every single length.
 
 This replaces a geometric acceptance model for draft-only. That model treats tokens as independent,
-but n-gram drafts hold or fail in stretches: at continue 2K on the Sapphire Rapids machine (trace of
-2026-12-02), auto priced draft-only at 28 ms/token against ar's 22 while fixed draft-only ran at 21.
+but n-gram drafts hold or fail in stretches, so that model prices draft-only well above what it
+really runs at, even above ar.
 """
 from __future__ import annotations
 
@@ -28,10 +27,8 @@ from dataclasses import dataclass, field
 from engine.decoding.drafters import common_prefix
 
 LOOKUP_TOKENS = 8  # tokens of each lookup checked against the target's: draft-only's longest replayable draft
-# the replay covers the last 192 settled positions (three bench answers). Over one answer's 64 it
-# rated the draft lengths by the stretch of text the window held: at continue 1K on a Zen 4 auto
-# moved among γ1 = 2-8 within answers where fixed γ1 = 4 held; over 192, γ1 = 4 ran 14-19 of an
-# answer's ~19 cycles in 6 answers of 8, 8-9 in the others (docs/notes/l2_replay_table.py)
+# the replay covers the last 192 settled positions (about three answers): a shorter window rates
+# the draft lengths by the stretch of text it holds, and the choice wanders among them
 REPLAY_POSITIONS = 192
 MIN_REPLAY = 16  # fewer settled positions than this: draft-only is priced by the acceptance model
 

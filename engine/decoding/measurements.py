@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 FORGET = 0.95  # per-cycle decay of the policy's wall-time sums
 # per-observation decay of the acceptance counts: ~50 cycles, two or three answers. With 0.95 (~20)
 # the few rejections at an answer's start (L1's cache and vocabulary not yet fitted to it) read as a
-# shift: at qa 1K auto left retrieval-only after five cycles of one, for ar, 0.93 -> 0.88 frozen
+# shift, and auto would leave an L1 structure for ar on a start-of-answer dip
 ACCEPTANCE_FORGET = 0.98
 DEPTHS = 16  # draft depths whose acceptance is kept apart (the longest draft auto runs: 16)
 DEPTH_PRIOR = 2.0  # a depth's acceptance counts 2 more checks at the depth above's
@@ -24,9 +24,8 @@ class StepCosts:
 
     A size not timed for STALE forwards at its level is read relative to the level's smallest size
     (its ratio to that size when it was timed, times that size's cost now): the machine's speed moves
-    every size alike, and the sizes that keep running track it. (Timed once in a slow first spell at
-    continue 1K, a 5-token check stayed at 53 ms while the 6-token one, re-timed, fell to 38 and the
-    1-token one from 30 to 22: the replay priced draft length 4 out, and auto ran 5.)"""
+    every size alike, and the sizes that keep running track it. (Else a size timed once in a slow
+    spell keeps its slow price while its neighbours fall, and prices its draft length out.)"""
 
     def __init__(self) -> None:
         self.table: dict[str, dict[int, float]] = {"l0": {}, "l1": {}, "l2": {}}  # as last timed
@@ -61,13 +60,11 @@ class StepCosts:
             prior = self.fresh_estimate(level, tokens) or self.estimate(level, tokens)
             row[tokens] = seconds if prior is None else min(seconds, SLOW_CLIP * prior)
         elif seconds < old or (stale and seconds <= row[tokens]):  # believed whole where the size sat
-            # stale: it runs seldom (a long check timed in a slow first answer held 1.4x its cost at
-            # qa 8K, 273 ms against 186-200); and up to its last timing, since its price then was
-            # inferred (moved with the smallest size: at continue 1K on a Zen 4 a 3-token check timed
-            # at 13.6 ms read 5.6, the 1-token one having fallen by that ratio, from a first timing
-            # in a spike to ~9 ms; slower timings moved it 10 % each: γ1 = 2-3 for three answers)
+            # stale: it runs seldom, so a slow first timing would hold for long; and up to its last
+            # timing, since its price then was inferred (moved with the smallest size, it can read
+            # far below its cost, and slower timings moving it 10 % each would take many cycles)
             row[tokens] = seconds if stale else 0.5 * old + 0.5 * seconds
-        else:  # one spike (a forward at 4.7x its cost at qa 2K) moves it by 5 % at most
+        else:  # one spike (a forward at several times its cost) moves it by 5 % at most
             row[tokens] = old + SLOWER_WEIGHT * (min(seconds, SLOW_CLIP * old) - old)
         self._count[level] += 1
         ref = min(row)
@@ -143,11 +140,9 @@ class StepCosts:
     def _shrink(self, level: str, tokens: int, timed: int) -> float:
         """A forward of `tokens` tokens over one of `timed` (more), at `level`: as at L2 where L2 has
         timed down to `tokens` (the same weights checking the same tokens), else as the prior slope
-        says. Not the line through the level's sizes: with L1 timed at 5 and 7 tokens only, 25 and
-        40 ms, it priced a 1-token L1 forward at 0 (they ran 14-24 ms at continue 1K). At continue
-        1K auto once explored retrieval-only priced at 15.6 ms/token (27.3 run) against
-        draft-only's 16.9, a price that needs such a forward near 0 ms (inferred: that table was
-        not printed)."""
+        says. Not the line through the level's sizes: from two long sizes that line can price a
+        1-token forward near 0 ms, and a structure priced so would be explored at far below its
+        cost."""
         l2 = self.table["l2"]
         if level != "l2" and l2 and min(l2) <= tokens:
             small, large = self.estimate("l2", tokens), self.estimate("l2", timed)
@@ -169,8 +164,8 @@ class StepCosts:
 @dataclass
 class Acceptance:
     """Per-token acceptance at one boundary, accepted / checked, with old cycles forgotten; and the
-    same per depth in the draft (`expected`), since acceptance is not i.i.d.: at qa 8K retrieval-only
-    at γ2 = 1 yielded 1.95 tokens a cycle and at γ2 = 6 3.75 of 7, where one rate (0.9) promised 5.2."""
+    same per depth in the draft (`expected`), since acceptance is not i.i.d.: one rate overprices
+    long drafts, whose deep tokens are accepted less often than the first."""
 
     prior: float
     accepted: float = 0.0
@@ -238,8 +233,8 @@ class Novelty:
     """The share of emitted tokens that were new to L1's vocabulary subset (engine/model/draft_vocab.py)
     when they came, old tokens forgotten: L1 cannot propose such a token, so each is a rejection
     its acceptance (counted without these misses) does not show. In a session the share falls as
-    the subset learns the answers' words (in the bench's first answer at qa 2K, 7 of 61 tokens;
-    the same question again, none). 0 until measured (no subset: no such misses)."""
+    the subset learns the answers' words (a repeated question brings none). 0 until measured (no
+    subset: no such misses)."""
 
     novel: float = 0.0
     seen: float = 0.0

@@ -5,8 +5,8 @@ Inputs, all measured in this session (engine/decoding/measurements.py): seconds 
 level as a function of the tokens it checks (on a CPU, checking 8 tokens costs far more than 1), and
 per-boundary acceptance forgotten over ~50 cycles. A structure is scored as E(g) / cost, E(g) = 1 +
 sum over k <= g of a_1 ... a_k tokens per verification, a_d the acceptance of a draft's d-th token
-among the drafts that reached it (i.i.d., one a for every depth, priced γ2 = 6 at 5.2 tokens at qa 8K
-where its cycles yielded 3.75, and γ2 = 1 at 1.9 where they yielded 1.95). L1's a leaves out
+among the drafts that reached it (i.i.d., one a for every depth, which overprices long drafts; the
+realized yield corrects it, below). L1's a leaves out
 rejections at tokens new to its vocabulary subset (each joins it) and is scaled by the share of new
 tokens instead (Novelty).
 
@@ -20,8 +20,8 @@ SPECULATION_GAIN one (MEASURED_GAIN once the structure's own cycles have correct
 a running structure so corrected stays until ar is predicted cheaper (STAY_ON_MEASURED).
 The draft length kept for the choice (the running one, the settings', or at a stale check's price a
 fresh length's: size_retime.kept_length) must be priced under ar too, else ar runs, or one cycle of
-the model's best times its stale check (KEPT_UNDER_AR: at continue 2K a stand-in at 12.4-13.4
-ms/token ran beside ar's 10.3-10.5 for 11 cycles of a first answer).
+the model's best times its stale check (KEPT_UNDER_AR), so a stand-in dearer than ar never keeps
+running beside it.
 An L1 structure is explored with drafts of the settings' γ2 tokens, fewer where such a check costs
 over EXPLORE_CHECK one-token checks. Every cycle's output is an exact sample whatever structure ran
 it, so switching never changes what is generated.
@@ -31,7 +31,7 @@ lookup at every position and what of it the target then emitted, and draft-only'
 replayed over the last positions (engine/decoding/lookup_replay.py), exact under greedy. It runs the
 same forwards as ar, so it shares ar's wall/forward ratio (and its cycles re-time ar), and a smaller
 margin (REPLAY_GAIN) decides between the two. The replay also prices rules that draft longer right
-after a draft kept whole (size_retime.draft_rules; continue 8K, forced: 1/6 at 1.125x fixed γ1 = 4 paired, γ1 = 3 1.063x).
+after a draft kept whole (size_retime.draft_rules).
 triforce, whose L1 drafts are its n-gram drafts, is priced for text as hard as the window's: times
 how much dearer that replay runs over the whole window than over the stretches it emitted (_stretch).
 
@@ -46,10 +46,8 @@ cycle, so the estimates of a structure left long ago do not go stale (and on ar,
 runs a cycle once CLOSE_EVERY ran without it: size_retime.close_contender). An L1 runner-up runs it with the draft
 its exploration would (the settings' γ2 tokens, fewer where such a check is dear: _explored_at):
 the model's best gammas for it may be short only because its long checks were timed in a slow
-spell and never again (qa 8K: a 7-token check held at 273 ms against 186-200 quiet), and a short
-probe would re-time neither them nor L1's acceptance on a long draft (qa 1K: auto weighed L1 at
-γ2 = 1 at 0.95x ar's price, short of the margin to leave ar, for three answers; 0.72x fixed
-retrieval-only at γ2 = 6, paired). Every SIZE_RETIME cycles another draft length of the running
+spell and never again, and a short probe would re-time neither them nor L1's acceptance on a
+long draft. Every SIZE_RETIME cycles another draft length of the running
 mode whose L2 check sat untimed runs one cycle where it would win were that check to cost what the
 fresh sizes say (size_retime.py): a check timed once in a slow spell priced its length out for good.
 A choice runs the running draft length (or the settings') unless another is LENGTH_GAIN cheaper.
@@ -57,17 +55,16 @@ A choice runs the running draft length (or the settings') unless another is LENG
 ar is priced at its forward's quiet cost (StepCosts) times a ratio of its cycles' wall time to that
 cost which believes a faster cycle mostly at once and a slower one only a little (noise on a shared
 machine only adds time): a burst of load does not price ar out, while its real overhead (Python,
-sampling) shows in every cycle. (Priced by the median wall time of its last 3 cycles, two slow ones
-priced it at 49 ms/token against 27 quiet at qa 2K, and auto left it for draft-only and triforce,
-slower in the same spell. Kept from a turn's first cycles, a slow spell inflated it to 62.7 against
-32.9.) While a speculative structure runs, one ar cycle every AR_RETIME cycles keeps that ratio
+sampling) shows in every cycle. (A median of its last few cycles, or a ratio kept from a turn's
+first cycles, would let a slow spell price ar out in favour of structures just as slow in it.)
+While a speculative structure runs, one ar cycle every AR_RETIME cycles keeps that ratio
 current, and moves it as the cycles since the last would have (a structure that kept running took
 a slow spell in cycle by cycle, so ar, priced from before the spell, looked cheap: realized.settle).
 The speculative structures' time is filtered the same way (one estimator for every mode,
 so that noise does not favour the one read near its quiet cost); their yield varies with
 acceptance, which must be averaged, not filtered, and is kept as decayed sums. A probe cycle (ar
-re-timed, the runner-up refreshed) does not become the incumbent: the next choice weighs the structure it interrupted (the runner-up,
-once run, had kept itself by SWITCH_GAIN for four cycles at 1.5x ar's cost).
+re-timed, the runner-up refreshed) does not become the incumbent: the next choice weighs the structure it interrupted,
+so a probe cannot keep itself running by SWITCH_GAIN.
 """
 from __future__ import annotations
 
@@ -89,12 +86,12 @@ EXPLORE_CYCLES = 3
 EXPLORE_MARGIN = 1.5  # explore an untried structure if its optimistic ms/token <= 1.5x the best's
 SWITCH_GAIN = 0.92  # switch only if the best predicts <= 92% of the current structure's ms/token
 # leave ar only for a structure predicted at <= 90% of its ms/token: ar's cost is timed directly,
-# while the others' predictions ran 6-14% optimistic (median actual/predicted, three A/B runs)
+# while the others' are predictions, which run optimistic until their own cycles correct them
 SPECULATION_GAIN = 0.9
 # ... and at <= 95 % once REALIZED_CYCLES of its mode's own cycles (its exploration's count) corrected its prediction
-# (the 6-14 % were the error before): at qa 1-2K on a Zen 1, asking 10 % kept auto on ar where L1 ran 0.89-0.91x
+# (the optimism is then corrected, so 10 % would keep ar where a structure is truly ~10 % cheaper)
 MEASURED_GAIN = 0.95
-# STAY_ON_MEASURED: a measured running structure stays until ar is cheaper (else no band to stay in: qa 1K, 44th pass)
+# STAY_ON_MEASURED: a measured running structure stays until ar is cheaper (else no band to stay in, and it flaps)
 REALIZED_CYCLES = 3
 MAX_GAMMA1 = 8
 GROW = 2  # a forward may check at most 2 tokens more than the largest one timed at its level
@@ -177,7 +174,7 @@ class Policy(RetrievalChoices, SizeRetimes, RescoreSchedule, CostInputs):
         if not has_l0 and mode in (Mode.DRAFT_ONLY,):
             return self._ran(Structure(mode, settings.gamma1, settings.gamma2))
         if self.scoring_skipped(modes, {b: a.rate for b, a in self.acceptance.items()}):
-            return self._ran(self.current)  # nothing moved: scoring ~50 structures again costs ~0.75 ms
+            return self._ran(self.current)  # nothing moved: scoring ~50 structures again is wasted work
         scored = [self._best_of(m, settings) for m in modes]
         scored = [(ms + self._switch_cost(s, remaining), s) for ms, s in scored if ms is not None]
         if not scored:  # nothing timed yet: one plain step measures the target
@@ -257,10 +254,8 @@ class Policy(RetrievalChoices, SizeRetimes, RescoreSchedule, CostInputs):
     def _close_explorations(self, but: Mode | None = None) -> None:
         """A structure's exploration is one run of consecutive cycles: once a scoring leaves it
         (out of EXPLORE_MARGIN, or another structure's turn), it is over for the session, and the
-        structure is judged by its measurements and the model from then on. (Else a new turn re-opened
-        it: at continue 1K, triforce ran two cycles at 16 ms/token beside draft-only's 8-9, and its
-        third came in the next answer, after a retrieval cache rebuilt for that one cycle, 161 ms for
-        2 tokens.)"""
+        structure is judged by its measurements and the model from then on. (Else a new turn could
+        re-open it, rebuilding a retrieval cache for a single leftover cycle.)"""
         for mode, cycles in self.tried.items():
             if mode is not but and 0 < cycles < EXPLORE_CYCLES:
                 self.tried[mode] = EXPLORE_CYCLES
@@ -269,10 +264,8 @@ class Policy(RetrievalChoices, SizeRetimes, RescoreSchedule, CostInputs):
     def _unyielded(self, s: Structure) -> float:
         """`s`'s predicted seconds per token with its cycles' time taken in but not their yield. An
         exploration's first cycles come at an answer's start, where L1's cache and vocabulary are
-        not yet fitted to it, and their rejections already weigh in the acceptance: at qa 1K one
-        cycle each of retrieval-only and triforce (2 and 1 tokens of 7) read 2.57 in yield on top
-        of acceptance 0.673, both explorations closed after that one cycle, and no L1 structure ran
-        again in the session (fixed retrieval-only: 5-7 tokens a cycle, 0.71x ar)."""
+        not yet fitted to it, and their rejections already weigh in the acceptance; counting them
+        twice would close an exploration after one cycle and price L1 out for the session."""
         seconds, tokens = self.cycle_cost(s)
         return seconds * self.ratios.time_ratio(s) * self.ratios.work_ratio(s) / tokens
 
@@ -304,8 +297,8 @@ class Policy(RetrievalChoices, SizeRetimes, RescoreSchedule, CostInputs):
         if mode is Mode.DRAFT_ONLY:
             return self.lookups.ready() or acc["l0_l2"].known or self.tried.get(mode, 0) >= EXPLORE_CYCLES
         if mode is Mode.RETRIEVAL_ONLY:  # all its exploration cycles, even once L1's acceptance is known:
-            # one long draft makes it known, and one unlucky stretch (5 of 7, then triforce's 2 of 7
-            # twice, at qa 2K) priced L1 out for the session
+            # one long draft makes it known, and one unlucky stretch must not price L1 out for the
+            # session
             return self.costs.measured("l1") and self.tried.get(mode, 0) >= EXPLORE_CYCLES
         return (self.costs.measured("l1") and acc["l1_l2"].known and acc["l0_l1"].known) or \
             self.tried.get(mode, 0) >= EXPLORE_CYCLES
@@ -368,13 +361,13 @@ class Policy(RetrievalChoices, SizeRetimes, RescoreSchedule, CostInputs):
         self._cycles += 1
         believed, per = self.seconds_per_token(s), tokens
         if s.mode is Mode.DRAFT_ONLY and checked and (checked == 1 or self.lookups.ready()):
-            # a plain step (its lookup found nothing: read against draft-only's ms/token, half the
-            # choices at continue 1K re-scored, Zen 4), or a replayed cycle, whose yield is its lookup's,
-            # priced over the replay's window (1 token of 5 re-scored ~2 choices an answer there): judged by time
+            # a plain step (its lookup found nothing: read against draft-only's ms/token, it would look
+            # like a miss), or a replayed cycle, whose yield is its lookup's,
+            # priced over the replay's window (its yield is no surprise): judged by time
             believed, per = (self._c("l2", checked) or 0.0) * (self._ar_ratio or 1.0) or None, 1
         if believed is not None and tokens >= 1 and seconds > SURPRISE * believed * per:
-            self.rescore_soon()  # do not wait RESCORE_EVERY cycles on a structure this far off (at
-            # continue 2K, triforce g2=8 predicted 26 ms/token ran four cycles at 57-88 before a re-score)
+            self.rescore_soon()  # do not wait RESCORE_EVERY cycles on a structure this far off
+            # from its prediction: every cycle until the re-score runs at the surprising price
         cycle = self.cycle_cost(s)
         if cycle is None or tokens < 1:
             return
@@ -386,7 +379,7 @@ class Policy(RetrievalChoices, SizeRetimes, RescoreSchedule, CostInputs):
             plain = self._c("l2", checked)  # one forward, as ar's cycle: its wall time re-times ar
         if plain:
             # the step-cost table took in part of a slow spell already: one slow cycle must not
-            # price ar out (23 -> 39 ms at qa 2K); the same filter as every mode's time (realized.settle),
+            # price ar out; the same filter as every mode's time (realized.settle),
             # a re-time standing for the cycles since the last
             self._ar_ratio = settle(self._ar_ratio, seconds / plain, self._cycles - self._ar_at)
             self._ar_at = self._cycles
@@ -427,7 +420,7 @@ class Policy(RetrievalChoices, SizeRetimes, RescoreSchedule, CostInputs):
         l1 = self.costs.largest("l1") or l2  # an untimed L1 is priced from L2's timings
         if mode is Mode.TRIFORCE:  # a cycle costs g2 x (L1's seconds per token, set by g1) + L2's
             # check, so the model's best g1 is the same for every g2: 8 + 12 scores, not 8 x 12
-            # (scoring every pair took ~2 ms, up to 7 % of a 28 ms token at qa 1K, every few cycles)
+            # (scoring every pair costs a noticeable share of a short token's time, every few cycles)
             if self._c("l1", 1) is None:
                 return None, Structure(mode, 1, 1)
             g1s = [g for g in range(1, MAX_GAMMA1 + 1) if self._within_measured(Structure(mode, g, 1), l2, l1)]

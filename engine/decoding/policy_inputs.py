@@ -103,10 +103,9 @@ class CostInputs:
         `mode`'s cycles emitted (STRETCH_BOUNDS; the last value while those stretches are too few,
         1 before any): triforce's L1 drafts are its n-gram drafts, so its measured acceptance and
         time per token come from the stretches it ran, and its price, scaled by this, is for text
-        as hard as the window's. (continue 8K, Zen 4: explored after draft-only, it ran the
-        answer's tail, copies 8 of 8 a cycle, and its price of 11.6 ms/token beat draft-only's
-        13.5, replayed over the whole answer with its hard opening; the next answer opened on it,
-        142-153 ms for 3 tokens, where fixed draft-only took 37 for 2.)"""
+        as hard as the window's. (Priced from easy stretches alone, such as an answer's copied
+        tail, it would look cheaper than draft-only replayed over the whole window, and then run
+        the next answer's hard opening.)"""
         key = ("stretch", mode)
         if key not in self._memo:
             whole = self._replay(STRETCH_GAMMA) if self._c("l2", 1) is not None else None

@@ -2,20 +2,17 @@
 
 - Time: a cycle's wall time against the seconds the model gives its forwards (drafting, rollback,
   retrieval rebuilds and Python show here). Kept per mode, and per structure (how far the model
-  misses grows with the draft lengths: triforce measured 1.2x its model at g2 = 6 and 1.45x at
-  g2 = 11 at 8K, so a ratio learned at short drafts must not flatter long ones). Filtered as ar's
+  misses grows with the draft lengths, so a ratio learned at short drafts must not flatter long
+  ones). Filtered as ar's
   ratio is (`settle`): noise on a shared machine only adds time, so a faster cycle is believed mostly
   at once and a slower one a little, a cycle after the key sat idle standing for the cycles it
-  missed (`IDLE_CAP` at most: see `settle`). (Kept as decayed means, the speculative modes read their
-  average cycle, noise included, while ar read near its quiet cost: at qa 1K auto weighed
-  retrieval-only at 0.957x ar where the fixed mode ran 0.86-0.90x, and stayed on ar.)
+  missed (`IDLE_CAP` at most: see `settle`). (Kept as decayed means, the speculative modes would
+  read their average cycle, noise included, while ar reads near its quiet cost, which favours ar.)
 - Work: the forwards a cycle ran (each priced by the model at its size) against the forwards the
   model expected it to run. triforce's L1 runs forwards until its draft has γ2 tokens, and the last
-  may accept past them, so its cycles ran 1.18x the modelled forwards at continue 8K (sd 0.02 over
-  6 cycles). Inside the time ratio, that share was filtered as noise, believed low like a fast
-  cycle: the filter read 1.15 where the cycles' wall time ran 1.27-1.31x the model, and auto priced
-  triforce within a few per cent of draft-only, which ran 0.84-0.90x its ms/token in the same
-  seconds (2026-12-05). So the time ratio is a cycle's wall time against the forwards it ran,
+  may accept past them, so its cycles run more forwards than modelled. Inside the time ratio, that
+  steady share would be filtered as noise, believed low like a fast cycle, and underprice the
+  structure. So the time ratio is a cycle's wall time against the forwards it ran,
   noise and overhead alone, and the work ratio is kept as decayed sums, per mode and per structure,
   as the yield is.
 - Yield: the tokens E(a, g) promised against the tokens the cycle yielded (acceptance that is not
@@ -25,11 +22,9 @@
 
 Both were one ratio, wall time over the predicted seconds per token times the tokens yielded, per
 mode. A cycle's yield swings far more than its time (checking 7 tokens at acceptance 0.95 yields 2
-about one cycle in 20), so one unlucky cycle set a mode's price for the session: at qa 1K
-retrieval-only's one exploration cycle yielded 2 of 7 tokens in 181 ms (1.18x its modelled time),
-read as 2.66x its model, and auto ran triforce over the same L1 -> L2 check for the rest of the
-session, 0.89x fixed retrieval-only. Apart, its time read 1.18x (drawn to 1.06 as one cycle) and its
-yield joined triforce's 70 cycles at the same boundary.
+about one cycle in 20), so one unlucky cycle could set a mode's price for the session. Apart, a
+cycle's time moves its mode's filter one step, and its yield joins every cycle at the same
+boundary.
 """
 from __future__ import annotations
 
@@ -60,8 +55,7 @@ def settle(old: float | None, ratio: float, idle: int = 1) -> float:
     `idle`: the cycles since this filter last moved. A sample after k of them moves it as k samples
     would (k <= IDLE_CAP), since it stands for what that time was like: the filter of what kept
     running took every cycle of a slow spell in, one step each, while one idle re-time moved its own
-    a single step, and the idle one looked cheap. (qa 1K, a busy host: L1 cycles at 40 ms/token
-    beside ar's at 53-59, ar still priced at 41, and auto ran ar for four cycles.) The clip stays a
+    a single step, and the idle one would look cheap on a busy host. The clip stays a
     single sample's: one spike at a re-time counts as at most SLOW_CLIP x `old`."""
     ratio = clip(ratio)
     if old is None:

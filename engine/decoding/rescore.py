@@ -1,11 +1,8 @@
 """When `auto` scores its choice again (a side of engine/decoding/policy.py).
 
 A scoring weighs ~50 structures (every draft length and rule of draft-only, retrieval-only's γ2,
-triforce's γ1 and γ2), about 0.75 ms of Python on a Zen 3 EPYC at continue 1K, where auto scored
-~7 times an answer of ~19 cycles, every fourth cycle and after each surprise. Backing off cut
-that to ~2.5 and choose from ~0.27 to ~0.18-0.21 ms a step, ~0.1 ms of a ~25 ms step; the time
-auto's steps spend outside L2's forwards (~0.7 ms against a fixed mode's ~0.2) did not move
-measurably (forty-ninth pass, docs/notes/cpu-speed.md).
+triforce's γ1 and γ2), a cost in Python that is paid on the decode step; scoring every few
+cycles when nothing has changed repeats that cost for the same answer.
 
 So the wait between scorings backs off while they agree: it starts at RESCORE_EVERY cycles and
 doubles, up to RESCORE_MAX, each time a settled scoring keeps the structure that was running; it
@@ -15,9 +12,8 @@ an exploration or a probe cycle still score the next cycle, as before.
 
 The probes that a scoring decides (ar re-timed every AR_RETIME cycles, the runner-up refreshed,
 another draft length re-timed: policy.py, size_retime.py) count their own cycles; a wait never
-runs past the cycle at which one of them comes due, so backing off does not delay them. (Emulated
-with every 8 cycles and no such bound, at continue 2K auto stayed on γ1 = 2 for a whole run and
-never reached the rule 2/8 that its re-times found with every 4: docs/bench/rescore-ab-s50-*.)
+runs past the cycle at which one of them comes due, so backing off does not delay them (a longer
+unbounded wait would starve the re-times that find a better draft length or rule).
 """
 from __future__ import annotations
 

@@ -35,14 +35,12 @@ class RetrievalChoices:
         """Under auto, at a new prompt: would the best structure use L1 if its retrieval cache cost
         nothing to build? Then the session builds it before the first token, as a fixed L1 mode
         does, instead of charging the build to the answer. (Built only when the last structure ran
-        L1, an answer that ended on ar or a probe left the next paying the build: in the grid of
-        2026-12-03 16:03 auto ran ar at qa 4K and 8K in four answers of five, where fixed
-        retrieval-only ran 1.02-1.07x faster than ar.) Only L1 structures measured in earlier
+        L1, an answer that ended on ar or a probe left the next paying the build, and auto ran ar
+        where a fixed L1 mode beat it.) Only L1 structures measured in earlier
         turns count: an unexplored one is explored in its own cycles. At a session's first turn
-        (no cycle yet, L1 never timed) it is built up front too: the first answer explores the L1 structures (in
-        every cell of the bench's grid), and the build charged to that answer was 13 ms at 1K and
-        47 at 8K on a Zen 4, beside answers of 340 and 700 ms, where fixed L1 modes build before
-        the first token. Its time prices later builds (setup_s)."""
+        (no cycle yet, L1 never timed) it is built up front too: the first answer explores the L1
+        structures anyway, as fixed L1 modes build before the first token. Its time prices later
+        builds (setup_s)."""
         if Mode.of(settings.mode) is not Mode.AUTO or not self.retrieval_pays(budget or settings.budget, context_tokens):
             return False
         if not self._cycles and not self.costs.measured("l1"):
@@ -61,10 +59,8 @@ class RetrievalChoices:
     def retrieval_pays(budget: int, context_tokens: int) -> bool:
         """Can a structure with an L1 level beat ar and draft-only at all? Not while the retrieval
         cache holds L1_MAX_SHARE of the context or more: its forwards then cost nearly what L2's do
-        (the weights dominate a small model's forward on a CPU; in no grid did an L1 structure beat ar
-        or draft-only by more than 1 % at 1-2K, even with a retrieval cache an eighth of it). Left
-        in, noise in a few timings made auto explore and re-pick them (trace of 2026-12-02, qa 2K:
-        triforce g1=2 g2=2 for 10 cycles at 33-37 ms/token beside ar's 26-28)."""
+        (the weights dominate a small model's forward on a CPU, so a short context leaves L1 no
+        margin). Left in, noise in a few timings would make auto explore and re-pick them."""
         return min(budget, context_tokens) < L1_MAX_SHARE * context_tokens
 
     def choose_budget(self, settings: DecodeSettings, budget: int, context_tokens: int) -> int:
@@ -86,12 +82,11 @@ class RetrievalChoices:
         direction = (new > budget) - (new < budget)
         if direction and direction == -self._budget_moved:
             return budget  # never back: each rule fired on acceptance measured at the other budget
-        if new != budget:  # (at qa 8K they took turns, 992 -> 496 -> 992 -> 496, each time
-            self._budget_moved = direction  # forgetting L1's costs, at 0.78x fixed retrieval-only)
+        if new != budget:  # (else the two rules could take turns, doubling and halving, each
+            self._budget_moved = direction  # time forgetting L1's costs)
             # L1's timings carried over, scaled to its new size: forgotten, L1 was priced by the
             # optimistic prior but counted as explored, and auto ran ar for the rest of the session
-            # (qa 1K, 2026-12-03: 128 -> 64 after one answer, then ar at 28-31 ms/token beside
-            # retrieval-only's 25.5 before the move)
+            # even where retrieval-only had been cheaper before the move
             self.costs.scale("l1", self._l1_cost_at(new, budget, context_tokens, c1, c2) / c1)
         return new
 
@@ -106,17 +101,16 @@ class RetrievalChoices:
 
     def _setup_cheap(self) -> bool:
         """Does building L1's cache for this prompt cost at most PROBE_SETUP_STEPS target steps? Then
-        a refresh may probe an L1 structure from ar. (Excluded always, auto that had left retrieval-only
-        for ar after a slow spell at qa 1K never measured L1 again: the build there is 10-25 ms, one
-        step; at 8K it is 300-700 ms, and still excluded.)"""
+        a refresh may probe an L1 structure from ar. (Excluded always, auto that left L1 for ar after
+        a slow spell would never measure L1 again; a build of many steps stays excluded.)"""
         step = self._c("l2", 1)
         return self.setup_s is not None and step is not None and self.setup_s <= PROBE_SETUP_STEPS * step
 
     def _switch_cost(self, s: Structure, remaining: int | None) -> float:
         """Seconds per token a switch to `s` adds: an L1 structure whose cache is not built for this
-        prompt pays the build (300-700 ms at 8K) over SETUP_HORIZON tokens, or the answer's last
-        ones if fewer. (Left out, auto at qa 8K went back to L1 structures, each time rebuilding,
-        where ar was faster; with 6 tokens left at qa 4K it built one for 2 cycles, 211 and 146 ms.)"""
+        prompt pays the build over SETUP_HORIZON tokens, or the answer's last ones if fewer. (Left
+        out, auto would go back to L1 structures, each time rebuilding, where ar is faster, or build
+        one for an answer's last few tokens.)"""
         if not s.mode.uses_l1 or self._l1_live or self.setup_s is None:
             return 0.0
         horizon = SETUP_HORIZON if remaining is None else max(1, min(SETUP_HORIZON, remaining))
@@ -125,14 +119,11 @@ class RetrievalChoices:
     def _explored_at(self, s: Structure, settings: DecodeSettings, remaining: int | None) -> Structure:
         """The gammas an L1 structure is explored (or refreshed) at: drafts of settings.gamma2 tokens
         for L2 to check, fewer where such a check costs over EXPLORE_CHECK one-token checks, and
-        never the model's longer best. At γ2 = 1-2 L1's acceptance stayed near its prior (0.83-0.93
-        read against 0.95-0.98 at γ2 = 6), so explored short, retrieval-only was never chosen at
-        qa 1-2K where fixed γ2 = 6 beat ar by 10 %: a long first draft times a long check and reads
-        the acceptance. But each checked token costs L2 a fixed share more (Zen 1: 1K 8 ms, 8K
-        22-30 ms over 28-46 for one), so at 8K a 7-token exploration check ran 3-4 one-token steps
-        (qa 8K: three cycles of 327-475 ms for 12 tokens, 96 ms/token against 52 for the answer's ar
-        cycles), and one grown to the model's best once a long check held ran longer still (continue
-        8K: 553 ms at γ2 = 8, and an 11-token check 548 ms)."""
+        never the model's longer best. Short drafts leave L1's acceptance near its prior, so a
+        structure explored short is never chosen: a long first draft times a long check and reads
+        the acceptance. But each checked token costs L2 a fixed share more, so at long contexts a
+        long exploration check costs several one-token steps, and one grown to the model's best
+        costs more still."""
         want = min(settings.gamma2, MAX_GAMMA2, MAX_GAMMA2 if remaining is None else remaining - 1)
         if not s.mode.uses_l1 or want < 1:
             return s

@@ -4,10 +4,8 @@ engine/decoding/policy.py).
 A draft length is priced by the step-cost table at the check size it makes L2 run. A size timed
 once in a slow spell keeps that spell's ratio to the sizes that still run (measurements.StepCosts:
 a stale size moves with the smallest one), and one never timed is read off the line between such
-sizes; a length priced off them is never chosen, so never re-timed. At continue 1K an answer's
-first cycles ran γ1 = 3 and 5 at 70-79 and 111 ms a cycle in a slow first second (quiet 4- and
-6-token checks: ~52 and ~68 ms), auto settled on γ1 = 2 and ran it for the session, 0.87x fixed
-draft-only at γ1 = 4 paired (5 answers), whose 5-token check it had never timed.
+sizes; a length priced off them is never chosen, so never re-timed, and a slow first spell
+could pin a session to a short length whose neighbours' checks were never timed quietly.
 
 So every SIZE_RETIME cycles on a structure, one other draft length of its mode whose L2 check was
 not timed in the level's last STALE forwards runs one cycle: the one that would beat the structure
@@ -19,23 +17,19 @@ the fresh sizes' line runs under), re-times come ever more seldom.
 The runner-up's refresh (policy.py, every REFRESH_CYCLES cycles at first) backs off the same way:
 a mode refreshed waits twice as long before its next refresh (`refresh_due`, `refreshed`) until it
 wins a choice, and a refresh that loses the choice after it makes the next refresh of any mode
-wait twice as long (`refresh_time`, `refresh_won`). Judged by the model alone, triforce stays within REFRESH_MARGIN of draft-only at
-continue 1K, where the fixed mode runs at 3x its ms/token: every 48 cycles one triforce cycle took
-49-69 ms for 7-8 tokens that draft-only yields in ~30-35 (Zen 4). While ar runs, a mode whose price
+wait twice as long (`refresh_time`, `refresh_won`). Judged by the model alone, a mode may stay within
+REFRESH_MARGIN of the best while really running far dearer, and a refresh that keeps losing must
+cost ever less. While ar runs, a mode whose price
 goes stale, priced within CLOSE_MARGIN of ar's, runs one cycle sooner, once CLOSE_EVERY cycles have
 run without it (`close_contender`), then twice as seldom each time until it wins a choice: where it
 loses, such a cycle costs at most a tenth of one.
 
 Near the best draft length the model's predictions differ by a few per cent, as little as the
 step-cost table's own noise, so a choice runs the length it is running unless the model's best is
-LENGTH_GAIN cheaper, or else the settings' length under the same test (`kept_length`). At
-continue 1K on a Zen 4, where fixed draft-only held γ1 = 4, auto moved among γ1 = 3-8 as stale
-checks' prices drifted (a 5-token check priced 21.2 ms against 18.9-19.4 timed made γ1 = 6 look
-4.6 % cheaper, and it ran at 1.07x γ1 = 4's ms/token); lengths are weighed at fresh prices since.
-The settings' length came first until the fortieth pass: at continue 1K a draft rule (draft_rules),
-whose replayed price read 0.85-1.01x γ1 = 4's from answer to answer, ran an answer or two, then
-gave way to γ1 = 4 at a scoring that found it less than LENGTH_GAIN cheaper (forced, it ran 1.017x
-fixed draft-only paired, γ1 = 4 0.983x)."""
+LENGTH_GAIN cheaper, or else the settings' length under the same test (`kept_length`). Lengths
+are weighed at fresh prices, so stale checks' drifting prices do not move the choice among them.
+The running length comes before the settings': a draft rule (draft_rules) whose replayed price
+varies from answer to answer keeps running rather than falling back at every close scoring."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -54,16 +48,13 @@ CLOSE_EVERY = 16  # ... runs one cycle once 16 have run without it (ever more se
 
 
 # draft-only rules auto weighs beside the single lengths: γ1 in RULE_SHORT, RULE_LONG right after a
-# cycle that kept its whole draft (replayed on the bench's answers: continue 1K γ1 = 3/6 at 0.94x the
-# best single length, 2K 2/8 at 0.98x, 8K 1/6 at 0.93x; qa and continue 4K: a single length best)
+# cycle that kept its whole draft (copying text makes the long draft pay; elsewhere a single
+# length wins, and the replay prices both)
 RULE_SHORT = range(1, 6)
 RULE_LONG = (6, 8)
-# a rule's long checks come only after a draft kept whole (continue 2K, Zen 4: 2/8 checked 9 tokens
-# twice and 4 tokens twice in an answer's 39 cycles), so they were seldom all fresh and the rule,
-# cheapest, seldom ran: a fresh length stood in (forced, 2/8 ran at 0.96x γ1 = 2's ms/token and 0.92x
-# γ1 = 4's, medians of five answers). Stale, they may still weigh where they are at most this share of
-# the rule's replayed seconds (22 % there, where the table read the 9-token check at 33.8-40.3 ms
-# against 39.2 timed alone: off by up to 14 %, ~3 % of the rule's price)
+# a rule's long checks come only after a draft kept whole, so they are seldom all fresh and the
+# rule, cheapest, would seldom run. Stale, they may still weigh where they are at most this share of
+# the rule's replayed seconds, so a stale price's error moves the rule's price only a little
 RULE_STALE_SHARE = 0.25
 
 
@@ -123,9 +114,8 @@ class SizeRetimes:
     def refresh_won(self, mode: Mode) -> None:
         """`mode` is the choice: its refreshes start over at the shortest wait, and so do those of
         every mode if it is the one just refreshed; if another mode was, the next refresh of any
-        mode waits twice as long (each mode's own wait alone let both L1 modes in: at continue 1K
-        and 8K a triforce refresh about cycle 48 and a retrieval-only one about cycle 96, each
-        costing its answer 7-17 %)."""
+        mode waits twice as long (each mode's own wait alone would let every losing mode in, one
+        after another, each refresh costing its answer)."""
         state = self._sizes
         state.refresh_at.pop(mode, None)
         state.close_at.pop(mode, None)
@@ -137,14 +127,13 @@ class SizeRetimes:
     def runner_up(self, others: list[Structure], within: float) -> Structure | None:
         """The structure to refresh among `others` (the best of each mode that may be refreshed now),
         or None. Judged by the model alone (a mode once measured badly must get its
-        chance; triforce's price still read for the window's text, policy_inputs._stretch: at
-        continue 1K its stretches ran 1.4x easier than the window's, and a refresh cost its answer
-        12-30 %), within `within` seconds per token; a structure whose price goes stale before one
+        chance; triforce's price still read for the window's text, policy_inputs._stretch, since
+        its own stretches run easier than the window's), within `within` seconds per token; a
+        structure whose price goes stale before one
         whose price keeps current whatever runs: ar (re-timed every AR_RETIME cycles) and draft-only
         priced by its replayed lookups (logged at every position, its checks on ar's table) come
-        last. (qa 4K, Zen 4: auto, on ar after L1's price rose in a slow first answer, refreshed
-        draft-only, the model's runner-up at ar's price, at cycle 51; no L1 structure ran again
-        until cycle 147, two answers at 0.69-0.83x fixed retrieval-only.)"""
+        last. (Else, on ar after L1's price rose in a slow spell, a refresh would go to draft-only,
+        whose price is already current, and the stale L1 structure would wait another round.)"""
         priced = [(self.seconds_per_token(s, corrected=False), s) for s in others]
         priced = [(ms, s) for ms, s in priced if ms is not None and ms <= within]
         if not priced:
@@ -158,15 +147,10 @@ class SizeRetimes:
         best, priced as the choice weighs them), and CLOSE_EVERY cycles have run since it last ran
         and since the last refresh; None if none is. Such a cycle costs at most CLOSE_MARGIN - 1 of
         one cycle where it loses (and the next such cycle of that mode waits twice as long until it
-        wins a choice), while a price read high over a few cycles, never run again, kept auto on ar:
-        at qa 1K (Zen 4) six L1 cycles moved retrieval-only's price from 0.86x ar's to 0.99x, short
-        of the MEASURED_GAIN that leaving ar asks, and auto ran ar for the answer's last 24 cycles
-        and the next one's first 3 (that answer at 1.07x fixed retrieval-only's ms/token, which ran
-        0.76-0.83x ar's in that run); the refresh, REFRESH_CYCLES cycles after the last at first and
-        backing off, did not come. (Between speculative modes, which need only SWITCH_GAIN to
-        switch, it is left out: with it, qa 4K's answers switched 20 and 23 times a cell in two
-        grids against 10-17 in the five before, and one read qa 4K at 0.935x fixed retrieval-only
-        paired.)"""
+        wins a choice), while a price read high over a few cycles, never run again, keeps auto on
+        ar: short of the MEASURED_GAIN that leaving ar asks, and the refresh, backing off, may not
+        come for answers. (Between speculative modes, which need only SWITCH_GAIN to switch, it is
+        left out: there it only adds switches.)"""
         if running is None or running.mode is not Mode.AR or self._since_refresh < CLOSE_EVERY:
             return None
         now = next((ms for ms, s in scored if s.mode is Mode.AR), None)

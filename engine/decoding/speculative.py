@@ -193,7 +193,7 @@ class HierarchicalDecoder:
             t0 = time.perf_counter()
             draft = drafter.propose(seq, count, self.settings.sampling, self.generator, self.answer_start)
             # L1 times its own forwards; an n-gram lookup costs microseconds, except its first call,
-            # which indexes the whole book (seconds at 8K on a busy CPU) and would poison L0's cost
+            # which indexes the whole book (far longer than any step) and would poison L0's cost
             if drafter.runs_model and not isinstance(drafter, RetrievalDrafter):
                 self.timed("l0", count, time.perf_counter() - t0)
             elif not drafter.runs_model:
@@ -223,7 +223,7 @@ class HierarchicalDecoder:
     def _learn_lookups(self, seq: list[int], emitted: list[int], boundary: str) -> None:
         """What the n-gram drafter would have proposed over this cycle's positions, for the policy
         (_log_lookups, _shadow_l0, _settle_shadows), read off `seq` extended by `emitted` in place
-        and cut back after: a copy of the whole sequence per cycle cost ~0.1 ms at 8K."""
+        and cut back after: a copy of the whole sequence per cycle grows with the context."""
         start = len(seq)
         seq.extend(emitted)
         try:
@@ -242,9 +242,9 @@ class HierarchicalDecoder:
         emits from there on, in this cycle and the next ones (_settle_shadows). A deterministic draft is accepted exactly when
         the target's own token equals it (under sampling with probability p(x), the chance that
         the emitted sample is x), so its matched prefix is an unbiased draft-only acceptance sample.
-        (Checked against this cycle's tokens alone, an ar cycle could confirm one token of it only:
-        at continue 2K an answer stayed on ar for 30 cycles while copies that draft-only runs at
-        2-3 tokens a cycle went by.) draft-only's estimate then stays current while another
+        (Checked against this cycle's tokens alone, an ar cycle could confirm one token of it only,
+        and ar would run on through copies that draft-only yields several tokens a cycle on.)
+        draft-only's estimate then stays current while another
         structure runs, and needs no exploration cycles of its own. The output is untouched: the
         lookup draws nothing and comes after the cycle. `lookup`: what the n-gram drafter proposes
         there, the lookup log's first entry of this cycle (_log_lookups)."""
@@ -328,8 +328,8 @@ class HierarchicalDecoder:
 
     def _vocab_miss(self, boundary: str, draft: Draft, out: list[tuple[int, Level]]) -> bool:
         """Did L2 reject L1's draft at a token L1 could not propose (outside its vocabulary subset)?
-        (In the bench's first answer at qa 2K, 7 of fixed retrieval-only's 8 rejections; the next
-        answers, the same tokens now in the subset, had 0-1.)"""
+        (Such misses dominate an answer's first rejections and vanish once the tokens join the
+        subset, so they are counted apart from L1's acceptance.)"""
         vocab = self.l1_vocab
         rejected = len(out) - 1 < len(draft.tokens)
         return (boundary == "l1_l2" and rejected and vocab is not None and vocab.active
