@@ -135,6 +135,15 @@ static inline v8f fmadd8(v8f a, v8f b, v8f c) {
 #endif
 }
 
+/* one token's 32 weights into its two accumulators, in the order every block tile uses (acc[0] takes
+ * weights 0-7 and 16-23, acc[1] 8-15 and 24-31), so each kind's sums round alike */
+static inline void fmadd32(v8f acc[2], const v8f w[4], const float *xp) {
+    acc[0] = fmadd8(w[0], load8(xp), acc[0]);
+    acc[1] = fmadd8(w[1], load8(xp + 8), acc[1]);
+    acc[0] = fmadd8(w[2], load8(xp + 16), acc[0]);
+    acc[1] = fmadd8(w[3], load8(xp + 24), acc[1]);
+}
+
 static inline void widen_q4(const uint8_t *nib, float d, float m, v8f w[4]) {
     const v8f dv = splat(d), mv = splat(m);
 #ifdef __AVX2__
@@ -238,10 +247,7 @@ static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *
             else widen_q4(qp, d, m, w);
             for (int t = 0; t < nt; t++) {
                 const float *xp = x + (t0 + t) * in + 32 * b;
-                acc[r][t][0] = fmadd8(w[0], load8(xp), acc[r][t][0]);
-                acc[r][t][1] = fmadd8(w[1], load8(xp + 8), acc[r][t][1]);
-                acc[r][t][0] = fmadd8(w[2], load8(xp + 16), acc[r][t][0]);
-                acc[r][t][1] = fmadd8(w[3], load8(xp + 24), acc[r][t][1]);
+                fmadd32(acc[r][t], w, xp);
             }
         }
     }
@@ -406,10 +412,7 @@ static inline __attribute__((always_inline)) void tile_stored(int kind, const ui
                 }
                 for (int t = 0; t < nt; t++) {
                     const float *xp = x + (t0 + t) * in + bw * s + 32 * j;
-                    acc[r][t][0] = fmadd8(w[0], load8(xp), acc[r][t][0]);
-                    acc[r][t][1] = fmadd8(w[1], load8(xp + 8), acc[r][t][1]);
-                    acc[r][t][0] = fmadd8(w[2], load8(xp + 16), acc[r][t][0]);
-                    acc[r][t][1] = fmadd8(w[3], load8(xp + 24), acc[r][t][1]);
+                    fmadd32(acc[r][t], w, xp);
                 }
             }
         }
