@@ -274,6 +274,7 @@ class ChatController:
         self.view.emit("modelReady", info)
         pending, self._attach_after_load = self._attach_after_load, None
         if pending is not None and pending[0] == job and pending[1]:
+            self.view.clear_banners(pending[1])  # "was not added": it is being added now
             self.attach_files(list(pending[1]))  # what the stretch was for
 
     def on_document_ready(self, ev: DocumentReady) -> None:

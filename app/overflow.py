@@ -71,6 +71,14 @@ class Overflow:
         what = f"{_names(self.names)} {verb} not added to the chat." if self.names else "Nothing was added."
         return f"{what} {numbers}."
 
+    def stretch_caveat(self) -> str:
+        """What the stretch costs, in a sentence ("" when none is offered)."""
+        if not (self.stretch_to and self.trained_context):
+            return ""
+        return (f"A stretch to {window_label(self.stretch_to)} reads past the {window_label(self.trained_context)} "
+                f"tokens it was trained on (YaRN x{self.stretch_to / self.trained_context:g}): answers may be "
+                "less accurate.")
+
     def actions(self) -> list[OverflowAction]:
         out = [OverflowAction("model", "Choose another model…",
                               f"one with a context of {self.context_to_ask_for:,} tokens or more"

@@ -18,9 +18,8 @@ def show_overflow_dialog(parent: QWidget, overflow: Overflow, act: Callable[[str
     box = QMessageBox(QMessageBox.Icon.Warning, overflow.title(), overflow.text(), parent=parent)
     actions = overflow.actions()
     info = "Nothing was cut and nothing was added."  # the ways out are the buttons, listed once
-    stretch = next((a for a in actions if a.key == "stretch"), None)
-    if stretch is not None:  # what a stretch costs is said before it is picked, not only on hover
-        info += f"\n{stretch.label}: {stretch.hint}."
+    if overflow.stretch_to:  # what a stretch costs is said before it is picked, not only on hover
+        info += "\n" + overflow.stretch_caveat()
     box.setInformativeText(info)
     buttons = {}
     for action in actions:

@@ -125,14 +125,17 @@ def test_the_overflow_dialog_offers_the_smallest_stretch_that_holds_the_document
     assert STRETCH_8K.format("16K") in _buttons(box)
     button = next(b for b in box.buttons() if b.text() == STRETCH_8K.format("16K"))
     assert button.toolTip().startswith("Lower quality beyond its trained 8K")
-    assert "trained 8K" in box.informativeText()
+    assert "past the 8K tokens it was trained on (YaRN x2)" in box.informativeText()
+    assert "model" not in box.informativeText()  # the ways out are the buttons, listed once
     shots(box, "overflow-stretch")
+    assert any("“book.md” was not added" in w.message.text for w in window.chat_view._widgets)
     with qtbot.waitSignal(window.prefillFinished, timeout=20_000) as done:
         button.click()
     assert done.args[0].reason in (FinishReason.STOP, FinishReason.LENGTH)  # read to its end
     assert backend.loads[-1] == 16384 and window.model.max_context == 16384
     qtbot.waitUntil(lambda: len(window.chips.chips) == 1, timeout=10_000)
     assert window.chips.chips[0].tokens == 12_000 and window.chips.chips[0].fit == "whole"
+    assert not any("“book.md” was not added" in w.message.text for w in window.chat_view._widgets)
 
 
 def test_the_stretch_offer_loads_the_real_model_at_the_window_that_holds_the_document(qtbot, make_window,
