@@ -179,3 +179,13 @@ def test_the_stretch_offered_is_the_smallest_window_that_holds_what_is_needed():
 def dataclass_replace(obj, **changes):
     import dataclasses
     return dataclasses.replace(obj, **changes)
+
+
+def test_the_engine_says_which_stretches_a_model_allows(tiny_model_dir):
+    from engine.api import BUNDLED_ID, context_options
+    bundled = context_options(BUNDLED_ID)
+    assert (bundled.trained, bundled.stretched, bundled.refusal) == (8192, (16384, 32768), "")
+    scaled = context_options("meta-llama/Llama-3.1-8B-Instruct")  # llama3 RoPE scaling: no YaRN on top
+    assert scaled.stretched == () and "already scales its RoPE (llama3)" in scaled.refusal
+    tiny = context_options(str(tiny_model_dir("llama", max_position_embeddings=256)))
+    assert (tiny.trained, tiny.stretched) == (256, (512, 1024))
