@@ -4,6 +4,7 @@ with the app's settings; the overflow dialog offers the smallest stretch that ho
 (never past 4x the trained context) and, picked, reloads the model at it and adds the document."""
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import QSettings
 
 from app.job_messages import ModelInfo
@@ -189,3 +190,16 @@ def test_the_engine_says_which_stretches_a_model_allows(tiny_model_dir):
     assert scaled.stretched == () and "already scales its RoPE (llama3)" in scaled.refusal
     tiny = context_options(str(tiny_model_dir("llama", max_position_embeddings=256)))
     assert (tiny.trained, tiny.stretched) == (256, (512, 1024))
+
+
+@pytest.mark.bundled
+@pytest.mark.xfail(strict=True, raises=AttributeError,
+                   reason="engine: a GGUF's warm-start config (engine/model/folder_tokenizer.FolderConfig) has no "
+                          "standardize_rope_params, which transformers' YaRN calls: the bundled model cannot load "
+                          "stretched (chat --context 16384 fails the same way)")
+def test_the_bundled_model_loads_stretched_as_the_app_asks(triforce_home):
+    from app.engine_backend import EngineBackend
+    backend = EngineBackend()
+    folder = backend.resolve("bundled", lambda *_: None, lambda: False)
+    target = backend.load(folder, None, context=16384)
+    assert target.max_context == 16384
