@@ -19,7 +19,7 @@ from app.chat_repo import ChatRepo, to_chat_messages
 from app.decode_prefs import settings_to_dict
 from app.job_messages import Conversation, DocumentReady, JobFailed, LoadProgress, ModelInfo, TokenBatch
 from app.jobs import JobKind, JobTable, failed, is_cancellation
-from app.overflow import overflow_from
+from app.overflow import overflow_from, with_stretch
 from app.passages_fit import PassagesUsed
 from app.window_view import WindowView
 from engine.errors import ContextOverflowError, UserError
@@ -51,15 +51,37 @@ class ChatController:
         self._answer: AnswerRecorder | None = None  # the streaming answer (its chat may not be shown)
         self._read_s: dict[int, float] = {}  # ingest job -> how long its prefill has read so far
         self._fresh_read: tuple[int, float] | None = None  # (chat, seconds) a new document took, for the next answer
+        self._attach_after_load: tuple[int, tuple[str, ...]] | None = None  # (load job, files) of a stretch
         self.closing = False
 
     # ----------------------------------------------------------------------------- user actions
 
-    def load_model(self, spec: str, draft: str = "ngram") -> None:
-        """Load `spec` off the GUI thread; the current model answers until the new weights load."""
-        self.jobs.start(self.engine.load(spec, draft), JobKind.LOAD)
-        self.view.show_load_stage(f"loading {spec}")
+    def load_model(self, spec: str, draft: str = "ngram", context: int = 0) -> int:
+        """Load `spec` off the GUI thread; the current model answers until the new weights load.
+        `context` past the model's trained context stretches it to that window (0: as trained)."""
+        job = self.jobs.start(self.engine.load(spec, draft, context), JobKind.LOAD)
+        self._attach_after_load = None
+        self.view.show_load_stage(f"loading {spec}" + (f" stretched to {context:,} tokens" if context else ""))
         self.view.show_load(None)
+        return job
+
+    def saved_context(self, spec: str) -> int:
+        """The window `spec` was last loaded with (0: as trained, or another model was last)."""
+        if self.prefs.value("model/spec", "", type=str) != spec:
+            return 0
+        try:
+            return max(0, int(self.prefs.value("model/context", 0, type=int) or 0))
+        except (TypeError, ValueError):  # a hand-edited settings file
+            return 0
+
+    def stretch_and_attach(self, overflow) -> None:
+        """The overflow dialog's stretch: reload this model at `overflow.stretch_to` tokens, then add
+        the files that did not fit."""
+        if self.model is None or not overflow.stretch_to:
+            return
+        self.stop()
+        job = self.load_model(self.model.spec, self.model.draft_spec, overflow.stretch_to)
+        self._attach_after_load = (job, tuple(overflow.paths))
 
     def new_chat(self) -> None:
         """An empty chat; it is created in the store with its first message or document."""
@@ -237,15 +259,23 @@ class ChatController:
             return
         self.model = info
         self.prefs.setValue("model/spec", info.spec)
+        self.prefs.setValue("model/context", int(info.context))  # the next start loads the same window
+        self.prefs.sync()
         session = self.engine.session()
         self.view.show_model(info, session.settings if session is not None else None)
-        self.view.set_status(f"{info.name} · {info.device} · {info.max_context:,}-token context · "
+        stretched = f" (stretched from {info.trained_context:,}, YaRN)" if info.trained_context and \
+            info.max_context > info.trained_context else ""
+        self.view.set_status(f"{info.name} · {info.device} · {info.max_context:,}-token context{stretched} · "
                              f"drafter: {info.draft}")
         self.view.clear_banners((MODEL_BANNER,))  # an earlier model failed to load; this one did
         self.documents.recount(self.chat_id, info.model_id)  # token counts depend on the tokenizer
         self._count_uncounted()
         self.update_context()
         self.view.emit("modelReady", info)
+        pending, self._attach_after_load = self._attach_after_load, None
+        if pending is not None and pending[0] == job and pending[1]:
+            self.view.clear_banners(pending[1])  # "was not added": it is being added now
+            self.attach_files(list(pending[1]))  # what the stretch was for
 
     def on_document_ready(self, ev: DocumentReady) -> None:
         if self.closing:
@@ -311,6 +341,7 @@ class ChatController:
         if kind is JobKind.LOAD:
             if f.job != self.jobs.load:
                 return
+            self._attach_after_load = None  # the files stay out; the banner says they were not added
             cancelled = is_cancellation(f.error)
             still = f" — still using {self.model.name}" if self.model is not None else " — no model loaded"
             self.view.set_status(("Model loading cancelled" if cancelled else "Model loading failed") + still)
@@ -328,7 +359,7 @@ class ChatController:
             ingest = self._ingests.get(f.job)
             if isinstance(f.error, ContextOverflowError):
                 paths = ingest.paths if ingest is not None else ()
-                overflow = overflow_from(f.message, paths, f.error)
+                overflow = with_stretch(overflow_from(f.message, paths, f.error), self.model)
                 self.view.show_error(overflow.text(), about=paths)
                 self.view.show_overflow(overflow)
                 self._on_outcome(f.job, kind, failed(f.message), quiet=True)

@@ -19,6 +19,10 @@ class ModelInfo:
     max_context: int
     draft: str
     source: str = ""
+    draft_spec: str = "ngram"  # what reloading it takes (draft is the name shown)
+    context: int = 0  # the window asked for: 0 = as trained, else a YaRN stretch to it
+    trained_context: int = 0  # what the model was trained on (0: unknown)
+    stretches: tuple[int, ...] = ()  # stretched windows offered that the planner fits here, smallest first
 
 
 @dataclass(frozen=True)

@@ -87,8 +87,8 @@ class MainWindow(QMainWindow):
 
     def _on_first_paint(self, model_spec: str | None, draft_spec: str) -> None:
         """The window is up: load the model (engine thread) and the plot's library (a daemon thread)."""
-        if model_spec and not self.controller.closing:
-            self.load_model(model_spec, draft_spec)
+        if model_spec and not self.controller.closing:  # at the window it was last loaded with
+            self.load_model(model_spec, draft_spec, self.controller.saved_context(model_spec))
         import_in_background("pyqtgraph", self.acceptance_panel.build_plot, self)
 
     # ----------------------------------------------------------------------------- state (the controller's)
@@ -147,8 +147,9 @@ class MainWindow(QMainWindow):
 
     # ----------------------------------------------------------------------------- user actions
 
-    def load_model(self, spec: str, draft: str = "ngram") -> None:
-        self.controller.load_model(spec, draft)
+    def load_model(self, spec: str, draft: str = "ngram", context: int = 0) -> None:
+        """Load `spec`; `context` past its trained context stretches it to that window (YaRN)."""
+        self.controller.load_model(spec, draft, context)
 
     def new_chat(self) -> None:
         self.controller.new_chat()
@@ -203,8 +204,9 @@ class MainWindow(QMainWindow):
     def choose_model(self, context: int | None = None) -> None:
         """The model picker; `context` plans for at least that many tokens (the overflow dialog's need)."""
         from app.model_picker import ModelPicker
-        dialog = ModelPicker(self, current=self.model.spec if self.model else None, context=context)
-        dialog.modelChosen.connect(self._on_model_chosen)
+        dialog = ModelPicker(self, current=self.model.spec if self.model else None, context=context,
+                             current_window=self.model.context if self.model else 0)
+        dialog.loadChosen.connect(self._on_model_chosen)
         dialog.open()
         self._picker = dialog
 
@@ -223,9 +225,9 @@ class MainWindow(QMainWindow):
     def show_about(self) -> None:
         self._about = show_about(self)
 
-    def _on_model_chosen(self, spec: str, draft: str) -> None:
+    def _on_model_chosen(self, spec: str, draft: str, context: int = 0) -> None:
         self.stop()
-        self.load_model(spec, draft)
+        self.load_model(spec, draft, context)
 
     def _on_rename(self, chat_id: int, title: str) -> None:
         self.controller.rename(chat_id, title)
@@ -245,6 +247,8 @@ class MainWindow(QMainWindow):
             self.new_chat()
         elif key == "passages":
             self.passages.attach_as_passages(overflow.paths)
+        elif key == "stretch":
+            self.controller.stretch_and_attach(overflow)
 
     # ----------------------------------------------------------------------------- WindowView
 

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFileDialog
                                QLineEdit, QListView, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton, QSpinBox,
                                QSplitter, QVBoxLayout, QWidget)
 
+from app.overflow import window_label
 from app.wheel_guard import guard_wheel
 from engine.errors import UserError
 from engine.api import BUNDLED_ID, PRESETS
@@ -82,16 +83,32 @@ def local_choices() -> list[ModelChoice]:
     return out
 
 
+def window_choice_label(window: int, trained: int) -> str:
+    """How the context choice reads: "8K — as trained", "32K — stretched 4x (YaRN): lower quality
+    beyond the trained 8K"."""
+    if window <= trained:
+        return f"{window_label(trained)} — as trained"
+    return (f"{window_label(window)} — stretched {window / trained:g}x (YaRN): lower quality beyond the "
+            f"trained {window_label(trained)}")
+
+
 class ModelPicker(QDialog):
-    """Emits `modelChosen(spec, draft)` on Load; the main window loads it in the worker."""
+    """Emits `modelChosen(spec, draft)` and `loadChosen(spec, draft, window)` on Load (window: the
+    context chosen, 0 = as trained); the main window loads it in the worker."""
 
     modelChosen = Signal(str, str)
+    loadChosen = Signal(str, str, int)
 
-    def __init__(self, parent: QWidget | None = None, current: str | None = None, context: int | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, current: str | None = None, context: int | None = None,
+                 current_window: int = 0) -> None:
         """`context`: plan for this many tokens (what a document that did not fit needs) instead of
-        each model's whole context."""
+        each model's whole context, and choose the smallest window that holds it. `current_window`:
+        the window `current` runs at now (0: as trained)."""
         super().__init__(parent)
         self._wanted_context = context
+        self._current = current
+        self._current_window = int(current_window or 0)
+        self._trained = 0  # the chosen model's trained context (0: unknown)
         self._gpu_count: int | None = None  # GPUs on this machine, looked up once
         self.setWindowTitle("Choose a model")
         self.resize(1060, 600)
@@ -145,8 +162,17 @@ class ModelPicker(QDialog):
         self.context.setSingleStep(4096)
         self.context.setSuffix(" tokens")
         self.context.setToolTip("How many tokens (documents + conversation + answer) to plan the cache for")
+        self.window_choice = QComboBox()
+        self.window_choice.setToolTip("How many tokens the model reads. Past what it was trained on, its positions "
+                               "are stretched (YaRN, the smallest factor that fits): it reads more, less well.")
+        self.window_note = QLabel()
+        self.window_note.setObjectName("muted")
+        self.window_note.setWordWrap(True)
+        self.window_note.hide()
         form.addRow("Plan for", self.profile)
-        form.addRow("Context", self.context)
+        form.addRow("Context window", self.window_choice)
+        form.addRow("", self.window_note)
+        form.addRow("Plan the cache for", self.context)
         rl.addLayout(form)
         self.verdict = QLabel()
         self.verdict.setWordWrap(True)
@@ -174,6 +200,7 @@ class ModelPicker(QDialog):
         self.list.currentItemChanged.connect(lambda *_: self._on_selected())
         self.profile.currentIndexChanged.connect(lambda _i: self._plan_timer.start())
         self.context.valueChanged.connect(lambda _v: self._plan_timer.start())
+        self.window_choice.currentIndexChanged.connect(lambda _i: self._on_window_changed())
         self.open_folder.clicked.connect(self._pick_folder)
         self.open_gguf.clicked.connect(self._pick_gguf)
         self.use_repo.clicked.connect(self._use_repo)
@@ -185,6 +212,11 @@ class ModelPicker(QDialog):
         item = self.list.currentItem()
         data = item.data(Qt.ItemDataRole.UserRole) if item else None
         return data if isinstance(data, ModelChoice) else None
+
+    def chosen_window(self) -> int:
+        """The context window chosen: 0 = as trained, else the stretched window in tokens."""
+        window = self.window_choice.currentData()
+        return int(window) if window and window > self._trained else 0
 
     def add_choice(self, choice: ModelChoice) -> None:
         """A folder, file or repo id the user typed: add it to the list and select it."""
@@ -232,10 +264,43 @@ class ModelPicker(QDialog):
         self.title.setText(" ".join(c.label.split()))
         self.note.setText(c.note)
         shape = self._shape(c.shape_spec)
+        self._fill_windows(c, shape)
         if shape is not None or self._wanted_context:
+            planned = self._wanted_context or self.window_choice.currentData() or shape.max_context
             blocked = self.context.blockSignals(True)
-            self.context.setValue(min(self._wanted_context or shape.max_context, 1 << 20))
+            self.context.setValue(min(planned, 1 << 20))
             self.context.blockSignals(blocked)
+        self._plan_timer.start()
+
+    def _fill_windows(self, c: ModelChoice, shape) -> None:
+        """The context choices for `c`: as trained, and the stretches engine.api offers (x2, x4); the
+        one selected holds what is wanted, else the current model's window, else the trained one."""
+        from engine.api import context_options
+        blocked = self.window_choice.blockSignals(True)
+        self.window_choice.clear()
+        self._trained = 0
+        try:
+            options = context_options(c.shape_spec) if shape is not None else None
+        except (UserError, ImportError):
+            options = None
+        if options is not None:
+            self._trained = options.trained
+            for window in (options.trained, *options.stretched):
+                self.window_choice.addItem(window_choice_label(window, options.trained), window)
+            self.window_note.setText(options.refusal and "No longer context: " + options.refusal)
+            self.window_note.setVisible(bool(options.refusal))
+            wanted = self._wanted_context or (self._current_window if c.spec == self._current else 0)
+            windows = [options.trained, *options.stretched]
+            pick = next((i for i, w in enumerate(windows) if w >= wanted), 0) if wanted else 0
+            self.window_choice.setCurrentIndex(pick)
+        self.window_choice.setEnabled(self.window_choice.count() > 1)
+        self.window_choice.blockSignals(blocked)
+
+    def _on_window_changed(self) -> None:
+        """A window chosen: plan the cache for it."""
+        window = self.window_choice.currentData()
+        if window:
+            self.context.setValue(min(int(window), 1 << 20))  # replans (valueChanged)
         self._plan_timer.start()
 
     @staticmethod
@@ -253,7 +318,8 @@ class ModelPicker(QDialog):
         try:
             from engine.api import describe_plan, preview_plan
             plan = preview_plan(c.shape_spec, c.draft, self.context.value(), self._decode_settings(),
-                                self.profile.currentData(), ram_bytes=self._machine_ram())
+                                self.profile.currentData(), ram_bytes=self._machine_ram(),
+                                stretch=self.chosen_window() > 0)
         except UserError as exc:
             self._show_verdict(None, str(exc))
             self.plan_text.setPlainText("")
@@ -264,10 +330,16 @@ class ModelPicker(QDialog):
             self._show_verdict(None, "The planner is not available in this build.")
             return
         self.plan_text.setPlainText(describe_plan(plan))
+        self._mark_fitting_windows(c)
         shape = self._shape(c.shape_spec)
-        if shape is not None and self.context.value() > shape.max_context:
-            self._show_verdict(False, f"Does not fit: this model reads at most {shape.max_context:,} tokens, "
-                                      f"{self.context.value():,} are needed. Pick a model with a longer context.")
+        reads = self.chosen_window() or (shape.max_context if shape is not None else 0)
+        if shape is not None and self.context.value() > reads:
+            longer = [self.window_choice.itemData(i) for i in range(self.window_choice.count())
+                      if self.window_choice.itemData(i) >= self.context.value() and self._window_enabled(i)]
+            hint = (f"Choose the {window_label(longer[0])} context window, or a model with a longer context."
+                    if longer else "Pick a model with a longer context.")
+            self._show_verdict(False, f"Does not fit: at this window the model reads at most {reads:,} tokens, "
+                                      f"{self.context.value():,} are needed. {hint}")
             self.load_button.setEnabled(False)
             return
         self.load_button.setEnabled(plan.fits)  # the reason is the verdict under the title
@@ -284,6 +356,26 @@ class ModelPicker(QDialog):
             self.load_button.setEnabled(False)
             if plan.fits:
                 self._show_verdict(False, f"Fits there ({plan.mode}), not here: {refusal}")
+
+    def _mark_fitting_windows(self, c: ModelChoice) -> None:
+        """Grey out the stretched windows whose plan does not fit on the chosen profile (the planner's
+        check, engine.api.preview_plan)."""
+        from app.engine_backend import fitting_stretches
+        if self.window_choice.count() < 2:
+            return
+        _, fitting = fitting_stretches(c.shape_spec, c.draft, self._decode_settings(), self.profile.currentData(),
+                                       self._machine_ram())
+        model = self.window_choice.model()
+        for i in range(1, self.window_choice.count()):
+            window = self.window_choice.itemData(i)
+            item = model.item(i)
+            item.setEnabled(window in fitting)
+            base = window_choice_label(window, self._trained)
+            self.window_choice.setItemText(i, base if window in fitting else base + " — does not fit here")
+
+    def _window_enabled(self, index: int) -> bool:
+        item = self.window_choice.model().item(index)
+        return item is None or item.isEnabled()
 
     def _gpus_here(self) -> int:
         if self._gpu_count is None:
@@ -330,6 +422,7 @@ class ModelPicker(QDialog):
         c = self.chosen()
         if c is not None and self.load_button.isEnabled():
             self.modelChosen.emit(c.spec, c.draft)
+            self.loadChosen.emit(c.spec, c.draft, self.chosen_window())
             self.accept()
 
 

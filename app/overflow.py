@@ -5,10 +5,11 @@ a new way out (e.g. answering from the most relevant passages) is one more actio
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 _NUMBERS = (  # the engine's messages, newest first: (prompt, answer, context)
     re.compile(r"prompt is ([\d,]+) tokens and the answer may take ([\d,]+) more.*?holds ([\d,]+)"),
@@ -35,6 +36,8 @@ class Overflow:
     answer_tokens: int | None = None
     context_tokens: int | None = None
     paths: tuple[str, ...] = ()  # the files that did not fit (what "passages" attaches again)
+    trained_context: int | None = None  # what the model was trained on
+    stretch_to: int | None = None  # the smallest stretched window (<= 4x trained) that holds it; None: none does
 
     @property
     def needed(self) -> int | None:
@@ -68,10 +71,24 @@ class Overflow:
         what = f"{_names(self.names)} {verb} not added to the chat." if self.names else "Nothing was added."
         return f"{what} {numbers}."
 
+    def stretch_caveat(self) -> str:
+        """What the stretch costs, in a sentence ("" when none is offered)."""
+        if not (self.stretch_to and self.trained_context):
+            return ""
+        return (f"A stretch to {window_label(self.stretch_to)} reads past the {window_label(self.trained_context)} "
+                f"tokens it was trained on (YaRN x{self.stretch_to / self.trained_context:g}): answers may be "
+                "less accurate.")
+
     def actions(self) -> list[OverflowAction]:
         out = [OverflowAction("model", "Choose another model…",
                               f"one with a context of {self.context_to_ask_for:,} tokens or more"
                               if self.context_to_ask_for else "one with a longer context")]
+        if self.stretch_to and self.trained_context:
+            factor = self.stretch_to / self.trained_context
+            out.append(OverflowAction("stretch", f"Stretch this model to {window_label(self.stretch_to)}",
+                                      f"lower quality beyond its trained {window_label(self.trained_context)}: "
+                                      f"the model reloads with its positions stretched {factor:g}x (YaRN), "
+                                      "then the document is added"))
         if self.paths:  # keep the book, and answer each question from its passages that match it best
             out.append(OverflowAction("passages", "Answer from the most relevant passages",
                                       "add it anyway: each question is answered from its passages that match "
@@ -97,6 +114,26 @@ def overflow_from(message: str, paths: Sequence[str] = (), error: BaseException 
                 break
     names = tuple(Path(p).name for p in paths)
     return Overflow(names, message, prompt_tokens, answer_tokens, context_tokens, tuple(str(p) for p in paths))
+
+
+def with_stretch(overflow: Overflow, model: Any) -> Overflow:
+    """`overflow` with the stretch to offer: the smallest of the loaded model's stretched windows
+    (`ModelInfo.stretches`: up to 4x its trained context, where the planner fits them) that holds
+    what is needed, else none."""
+    needed, trained = overflow.needed, int(getattr(model, "trained_context", 0) or 0)
+    windows = tuple(getattr(model, "stretches", ()) or ())
+    fitting = [w for w in windows if needed is not None and w >= needed and w > (overflow.context_tokens or 0)]
+    if not trained or not fitting:
+        return overflow
+    return dataclasses.replace(overflow, trained_context=trained, stretch_to=min(fitting))
+
+
+def window_label(tokens: int) -> str:
+    """"8K" for 8,192 tokens, "1M" for 1,048,576, else the count ("1,000")."""
+    for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
+        if tokens >= size and tokens % size == 0:
+            return f"{tokens // size}{unit}"
+    return f"{tokens:,}"
 
 
 def _names(names: Sequence[str]) -> str:

@@ -17,7 +17,10 @@ def show_overflow_dialog(parent: QWidget, overflow: Overflow, act: Callable[[str
     """Open (window-modal, non-blocking) and return the dialog; `act(key)` runs the chosen action."""
     box = QMessageBox(QMessageBox.Icon.Warning, overflow.title(), overflow.text(), parent=parent)
     actions = overflow.actions()
-    box.setInformativeText("Nothing was cut and nothing was added.")  # the ways out are the buttons, listed once
+    info = "Nothing was cut and nothing was added."  # the ways out are the buttons, listed once
+    if overflow.stretch_to:  # what a stretch costs is said before it is picked, not only on hover
+        info += "\n" + overflow.stretch_caveat()
+    box.setInformativeText(info)
     buttons = {}
     for action in actions:
         role = QMessageBox.ButtonRole.AcceptRole if action.key == "model" else QMessageBox.ButtonRole.ActionRole

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.engine_backend import EngineBackend, model_info
+from app.engine_backend import EngineBackend, model_info, with_context
 from app.job_messages import (Conversation, DocumentReady, JobFailed, LoadProgress,  # noqa: F401 (re-exported)
                               ModelInfo, TokenBatch)
 from app.passages_fit import PASSAGES, fit_for_stream, prefill_documents, with_fit
@@ -110,8 +110,10 @@ class EngineWorker(QObject):
 
     # --- slots (engine thread) -----------------------------------------------------------
 
-    @Slot(int, str, str)
-    def load_model(self, job: int, spec: str, draft_spec: str) -> None:
+    @Slot(int, str, str, int)
+    def load_model(self, job: int, spec: str, draft_spec: str, context: int = 0) -> None:
+        """Load `spec` with `draft_spec` as L0; `context` past the model's trained context stretches
+        it to that window (YaRN; 0: as trained)."""
         self.jobStarted.emit(job, "load")
         self._begin(job)
         self._load_cancel.clear()
@@ -134,9 +136,10 @@ class EngineWorker(QObject):
                 had_model, self._session, self._target = self._session is not None, None, None
             if had_model:
                 self.modelUnloaded.emit(job)
-            plan = self._backend.plan_for(folder, draft_folder, self._settings)  # before any weight loads
-            progress(f"Loading {spec}", None)
-            target = self._backend.load(folder, plan)
+            stretch = {"context": context} if context else {}  # a backend without stretches loads as trained
+            plan = self._backend.plan_for(folder, draft_folder, self._settings, **stretch)  # before any weight loads
+            progress(f"Loading {spec}" + (f" stretched to {context:,} tokens" if context else ""), None)
+            target = self._backend.load(folder, plan, **stretch)
             draft: Any = draft_spec or "ngram"
             if draft_folder is not None:
                 progress(f"Loading draft model {draft_spec}", None)
@@ -145,7 +148,10 @@ class EngineWorker(QObject):
             with self._lock:
                 self._target, self._session = target, session
                 self._settings = session.settings
-            self.modelLoaded.emit(job, model_info(spec, target, draft))
+            draft_for_plan = str(getattr(draft_folder, "path", draft_folder)) if draft_folder is not None else "ngram"
+            trained, stretches = self._backend.stretches(folder, draft_for_plan, session.settings)
+            info = with_context(model_info(spec, target, draft), draft_spec, context, trained, stretches)
+            self.modelLoaded.emit(job, info)
         except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
             self._report(job, "load", exc)
         finally:
@@ -360,7 +366,7 @@ def _merge_tokens(tokens: Sequence[TokenText]) -> list[TokenText]:
 class EngineController(QObject):
     """GUI-side handle: owns the engine thread, numbers jobs, forwards the worker's signals."""
 
-    _loadRequested = Signal(int, str, str)
+    _loadRequested = Signal(int, str, str, int)
     _ingestRequested = Signal(int, object, object)
     _prefillRequested = Signal(int, object)
     _streamRequested = Signal(int, object)
@@ -395,9 +401,10 @@ class EngineController(QObject):
         self._next_job += 1
         return self._next_job
 
-    def load(self, spec: str, draft: str = "ngram") -> int:
+    def load(self, spec: str, draft: str = "ngram", context: int = 0) -> int:
+        """Load a model; `context` > its trained context stretches it to that window (0: as trained)."""
         job = self._job()
-        self._loadRequested.emit(job, spec, draft or "ngram")
+        self._loadRequested.emit(job, spec, draft or "ngram", int(context or 0))
         return job
 
     def ingest(self, paths: Sequence[str], conversation: Conversation) -> int:

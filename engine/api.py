@@ -384,3 +384,61 @@ def __getattr__(name: str):
 
 
 __all__ += ["stretched_dict"]  # and Stretch, lazily (__getattr__)
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    """The windows a model may run at: its trained context, and the YaRN stretches offered past it
+    (x2, x4: up to engine.model.stretch.OFFERED_FACTOR), smallest first; none, with the reason,
+    for a model whose config already scales its RoPE."""
+
+    trained: int
+    stretched: tuple[int, ...]
+    refusal: str = ""
+
+
+def context_options(spec: str) -> ContextOptions:
+    """A model's ContextOptions from its config alone (a preset, a folder, a .gguf file; no weight is
+    read; a cached repo id's RoPE is checked once it loads). Raises a UserError when nothing local
+    describes the model."""
+    import json
+
+    from engine.errors import UserError
+    from engine.model.stretch import OFFERED_FACTOR
+    from engine.model.stretch import stretched_dict as stretch
+
+    shape = shape_for(spec)
+    trained = int(shape.max_context)
+    windows, factor = [], 2
+    while factor <= OFFERED_FACTOR:
+        windows.append(trained * factor)
+        factor *= 2
+    path = Path(spec).expanduser()
+    cfg: dict = {"max_position_embeddings": trained}
+    try:
+        if path.is_file() and path.suffix == ".gguf":
+            from engine.store.gguf_file import read_header
+
+            header = read_header(path)
+            arch = header.metadata.get("general.architecture")
+            scaling = str(header.metadata.get(f"{arch}.rope.scaling.type", "none") or "none")
+            if "rope_freqs.weight" in header.tensors:
+                scaling = "llama3"
+            cfg["rope_parameters"] = {"rope_type": "default" if scaling == "none" else scaling}
+        else:
+            from engine.store.presets import shipped_config
+
+            config = shipped_config(spec)
+            if config is None and (path / "config.json").is_file():
+                config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+            cfg.update({k: v for k, v in (config or {}).items() if k in ("rope_scaling", "rope_parameters")})
+        if windows:
+            stretch(cfg, windows[0], name=shape.name)  # raises for a model that already scales its RoPE
+    except UserError as exc:
+        return ContextOptions(trained, (), str(exc))
+    except (OSError, ValueError):  # an unreadable config: the load says why; offer no stretch
+        return ContextOptions(trained, (), "")
+    return ContextOptions(trained, tuple(windows))
+
+
+__all__ += ["ContextOptions", "context_options"]

@@ -134,6 +134,7 @@ class FakeBackend:
         self.max_context = max_context
         self.load_s = load_s
         self.sessions: list[FakeSession] = []
+        self.loads: list[int] = []  # the context each target load asked for (0: as trained)
 
     def resolve(self, spec, progress, cancel):
         for i in range(50):
@@ -143,11 +144,17 @@ class FakeBackend:
             time.sleep(self.load_s / 50)
         return spec
 
-    def plan_for(self, resolved, draft_resolved, settings):
+    def plan_for(self, resolved, draft_resolved, settings, context=0):
         return None  # no GPU: nothing to place
 
-    def load(self, resolved, plan=None, draft=False):
-        return FakeModel(FakeFolder(), self.max_context)
+    def load(self, resolved, plan=None, draft=False, context=0):
+        if not draft:
+            self.loads.append(context)
+        return FakeModel(FakeFolder(), max(self.max_context, context or 0))
+
+    def stretches(self, resolved, draft, settings):
+        """Like EngineBackend.stretches: x2 and x4 of the trained context, as if both fit."""
+        return self.max_context, (2 * self.max_context, 4 * self.max_context)
 
     def session(self, target, settings, draft, plan=None):
         s = FakeSession(target, settings, self.step_s, self.prefill_step_s, self.tokens)

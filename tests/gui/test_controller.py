@@ -47,7 +47,7 @@ class ScriptedEngine:
         self.jobs.append((kind, arg))
         return len(self.jobs)
 
-    def load(self, spec, draft="ngram"):
+    def load(self, spec, draft="ngram", context=0):
         return self._job("load", spec)
 
     def stream(self, conversation):
