@@ -193,10 +193,6 @@ def test_the_engine_says_which_stretches_a_model_allows(tiny_model_dir):
 
 
 @pytest.mark.bundled
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="engine: a GGUF's warm-start config (engine/model/folder_tokenizer.FolderConfig) has no "
-                          "standardize_rope_params, which transformers' YaRN calls: the bundled model cannot load "
-                          "stretched (chat --context 16384 fails the same way)")
 def test_the_bundled_model_loads_stretched_as_the_app_asks(triforce_home):
     from app.engine_backend import EngineBackend
     backend = EngineBackend()
