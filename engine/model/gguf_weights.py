@@ -6,9 +6,12 @@ over the mapped file's bytes; the embedding looks up and widens only the rows it
 (QuantWeight.rows), and a tied vocabulary projection shares the embedding's blocks. A tensor of any
 other kind is widened to float32, tensor by tensor. Norms (F32) are small float32 copies.
 
-llama.cpp's converter stores a Llama's Q and K rows interleaved per head (for its own RoPE); rows
-are put back in transformers' order here (quant.unpermute_rows), so the runner's RoPE is the one
-its float32 models use. Qwen2 files are stored unpermuted.
+llama.cpp's converter stores a Llama's Q and K rows interleaved per head (for its own RoPE); the
+blocks stay as stored and the kernel writes each row's output to its column in transformers' order
+(quant.unpermute_rows, QuantWeight row_order), so the runner's RoPE is the one its float32 models
+use. Qwen2 files are stored unpermuted. q|k|v and gate|up run as a StackedWeight of the stored
+tensors: a 4-bit or K-quant file's projections are read from the mapped file, never copied (Q4_0
+and Q4_1 blocks are repacked: engine/native repack_q4).
 
 `state_dict` is the same weights fully widened to float32 (or another dtype) under transformers'
 names: the oracle a quantized target is tested against, and what a GPU placement loads.
@@ -64,13 +67,13 @@ def widen(gguf: GgufFile, name: str, rows: np.ndarray | None = None) -> torch.Te
 
 
 def _file_weight(gguf: GgufFile, name: str, rows: np.ndarray | None):
-    """A projection as the file's blocks (QuantWeight over the mapped bytes; reordered rows are a
-    copy) when its kind runs natively, else widened to float32."""
+    """A projection as the file's blocks when its kind runs natively (a QuantWeight over the mapped
+    bytes as stored; reordered rows are the kernel's column order, not a copy), else widened to
+    float32."""
     tensor = gguf.tensors[name]
     if tensor.kind not in quant.SUPPORTED:
         return widen(gguf, name, rows)
-    blocks = gguf.blocks(name)
-    return quant.QuantWeight(tensor.kind, blocks if rows is None else blocks[rows], tensor.shape[-1])
+    return quant.QuantWeight(tensor.kind, gguf.blocks(name), tensor.shape[-1], row_order=rows)
 
 
 class WidenedStack:
@@ -106,9 +109,10 @@ class WidenedStack:
 
 def _projection(gguf: GgufFile, arch, names: list[str], roles: list[str]):
     """The projections `names` stacked along `out` (q|k|v, gate|up) as one weight: one QuantWeight
-    when they share a kind the kernels run (a view of the file where they are stored back to back
-    and need no reordering, else their blocks concatenated), one float32 tensor when none runs
-    natively, a quant.StackedWeight where the parts differ in kind, else a WidenedStack."""
+    over one view of the file where they share a kind the kernels run, are stored back to back and
+    need no reordering; else a quant.StackedWeight of the parts as stored (views of the file, any
+    kinds and row orders: no bytes copied); one float32 tensor when none runs natively, else a
+    WidenedStack."""
     orders = [_row_order(gguf, arch, role) for role in roles]
     kinds = {gguf.tensors[n].kind for n in names}
     if len(kinds) == 1 and kinds <= set(quant.SUPPORTED) and all(o is None for o in orders):
@@ -117,11 +121,8 @@ def _projection(gguf: GgufFile, arch, names: list[str], roles: list[str]):
             return quant.QuantWeight(kinds.pop(), view, gguf.tensors[names[0]].shape[-1])
     parts = [_file_weight(gguf, n, o) for n, o in zip(names, orders)]
     quantized = [p for p in parts if isinstance(p, quant.QuantWeight)]
-    if len(quantized) == len(parts) and len(kinds) == 1:
-        return parts[0] if len(parts) == 1 else \
-            quant.QuantWeight(parts[0].kind, np.concatenate([p.blocks for p in parts]), parts[0].in_features)
     if len(quantized) == len(parts):
-        return quant.StackedWeight(parts)  # kinds differ, all native: one stacked kernel call, no copy
+        return parts[0] if len(parts) == 1 else quant.StackedWeight(parts)  # one kernel call, no copy
     if not quantized:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
     return WidenedStack(parts)
@@ -170,8 +171,8 @@ def _release_copied(gguf: GgufFile, weights: list, names: list[str]) -> None:
     read and no kernel reads again (copied: repacked, reordered, widened); the pages a kernel reads
     in place (Q8_0 blocks, the embedding's rows) stay mapped as they are."""
     parts = [p for w in weights for p in (w.parts if isinstance(w, quant.StackedWeight) else [w])]
-    read_in_place = [p.native_blocks.array for p in parts
-                     if isinstance(p, quant.QuantWeight) and p.native and gguf.holds(p.native_blocks.array)]
+    natives = [p.native_part() for p in parts if isinstance(p, quant.QuantWeight)]
+    read_in_place = [n[0].array for n in natives if n is not None and gguf.holds(n[0].array)]
     for name in names:
         view = gguf.blocks(name)
         if not any(np.may_share_memory(view, a) for a in read_in_place):
