@@ -135,3 +135,30 @@ def test_a_stack_of_one_kind_is_that_kind():
     assert stacked.kind == "Q4_K"
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0))
     assert torch.equal(stacked.matmul(x), torch.cat([p.matmul(x) for p in parts], dim=1))
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_4_bit_blocks_read_as_stored_are_the_repacked_weights(kind):
+    """A large file's Q4_0 / Q4_1 blocks run from the file's bytes (no repacked copy): the oracle
+    within float32 rounding, the repacked kernel's bits where both sum in 8 lanes (every CPU without
+    AVX-512), row-invariant, and the int16 drafter's product likewise."""
+    width = 576
+    blocks = quants.quantize(np.random.default_rng(3).standard_normal((70, width)).astype(np.float32),
+                             GGMLQuantizationType[kind])
+    stored, repacked = native.BlockMatrix(kind, blocks, as_stored=True), native.BlockMatrix(kind, blocks)
+    assert np.shares_memory(stored.array, blocks) and stored.code != repacked.code and stored.drafts_int16
+    x = torch.randn(9, width, generator=torch.Generator().manual_seed(5))
+    got = stored.matmul(x)
+    oracle = x @ dequantize_blocks(kind, blocks, width).T
+    torch.testing.assert_close(got, oracle, rtol=1e-5, atol=1e-5 * float(oracle.abs().max()))
+    if "avx512f" not in _cpu_flags().split():
+        assert torch.equal(got, repacked.matmul(x))
+    for start, size in ((0, 1), (3, 2), (1, 8)):
+        assert torch.equal(stored.matmul(x[start:start + size]), got[start:start + size])
+    torch.testing.assert_close(stored.matmul_int16(x), repacked.matmul_int16(x), rtol=1e-5, atol=1e-4)
+    spiky = x.clone()
+    spiky[:, ::32] = 1000.0
+    off_reference = float((stored.matmul_int16(spiky) - _int16_reference(kind, blocks, spiky)).abs().max())
+    assert off_reference < 0.1 * float((stored.matmul_int16(spiky) - stored.matmul(spiky)).abs().max())
+    weight = QuantWeight(kind, blocks, width, as_stored=True)
+    assert torch.equal(weight.matmul(x), got) and torch.equal(weight.dequantize(), dequantize_blocks(kind, blocks, width))

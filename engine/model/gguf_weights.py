@@ -10,8 +10,8 @@ llama.cpp's converter stores a Llama's Q and K rows interleaved per head (for it
 blocks stay as stored and the kernel writes each row's output to its column in transformers' order
 (quant.unpermute_rows, QuantWeight row_order), so the runner's RoPE is the one its float32 models
 use. Qwen2 files are stored unpermuted. q|k|v and gate|up run as a StackedWeight of the stored
-tensors: a 4-bit or K-quant file's projections are read from the mapped file, never copied (Q4_0
-and Q4_1 blocks are repacked: engine/native repack_q4).
+tensors: a file's projections are read from the mapped file, never copied (a small file's Q4_0 and
+Q4_1 blocks are repacked: REPACK_MAX_BYTES).
 
 `state_dict` is the same weights fully widened to float32 (or another dtype) under transformers'
 names: the oracle a quantized target is tested against, and what a GPU placement loads.
@@ -32,6 +32,10 @@ HF_LAYER_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_a
                   "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
                   "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
 PLAIN_KINDS = ("F32", "F16", "BF16")
+# Q4_0 / Q4_1 blocks are repacked for the kernel (float32 scales: a faster 1-token matmul, engine/native
+# repack_q4) while the copy stays under this; a larger file's are read as stored, so its peak RSS
+# stays about the file itself
+REPACK_MAX_BYTES = 256 << 20
 
 
 def runs_natively(kind: str) -> bool:
@@ -66,14 +70,22 @@ def widen(gguf: GgufFile, name: str, rows: np.ndarray | None = None) -> torch.Te
     return out[torch.from_numpy(rows)].contiguous() if rows is not None else out
 
 
-def _file_weight(gguf: GgufFile, name: str, rows: np.ndarray | None):
+def reads_q4_as_stored(gguf: GgufFile) -> bool:
+    """Whether the file's Q4_0 / Q4_1 blocks run as stored: their repacked copy (24 bytes a block)
+    would exceed REPACK_MAX_BYTES."""
+    copy = sum(t.nbytes * 24 // (18 if t.kind == "Q4_0" else 20)
+               for t in gguf.tensors.values() if t.kind in ("Q4_0", "Q4_1"))
+    return copy > REPACK_MAX_BYTES
+
+
+def _file_weight(gguf: GgufFile, name: str, rows: np.ndarray | None, as_stored: bool = False):
     """A projection as the file's blocks when its kind runs natively (a QuantWeight over the mapped
     bytes as stored; reordered rows are the kernel's column order, not a copy), else widened to
     float32."""
     tensor = gguf.tensors[name]
     if tensor.kind not in quant.SUPPORTED:
         return widen(gguf, name, rows)
-    return quant.QuantWeight(tensor.kind, gguf.blocks(name), tensor.shape[-1], row_order=rows)
+    return quant.QuantWeight(tensor.kind, gguf.blocks(name), tensor.shape[-1], row_order=rows, as_stored=as_stored)
 
 
 class WidenedStack:
@@ -107,7 +119,7 @@ class WidenedStack:
                    for p in self.parts)
 
 
-def _projection(gguf: GgufFile, arch, names: list[str], roles: list[str]):
+def _projection(gguf: GgufFile, arch, names: list[str], roles: list[str], as_stored: bool = False):
     """The projections `names` stacked along `out` (q|k|v, gate|up) as one weight: one QuantWeight
     over one view of the file where they share a kind the kernels run, are stored back to back and
     need no reordering; else a quant.StackedWeight of the parts as stored (views of the file, any
@@ -118,8 +130,8 @@ def _projection(gguf: GgufFile, arch, names: list[str], roles: list[str]):
     if len(kinds) == 1 and kinds <= set(quant.SUPPORTED) and all(o is None for o in orders):
         view = gguf.span(names)
         if view is not None:
-            return quant.QuantWeight(kinds.pop(), view, gguf.tensors[names[0]].shape[-1])
-    parts = [_file_weight(gguf, n, o) for n, o in zip(names, orders)]
+            return quant.QuantWeight(kinds.pop(), view, gguf.tensors[names[0]].shape[-1], as_stored=as_stored)
+    parts = [_file_weight(gguf, n, o, as_stored) for n, o in zip(names, orders)]
     quantized = [p for p in parts if isinstance(p, quant.QuantWeight)]
     if len(quantized) == len(parts):
         return parts[0] if len(parts) == 1 else quant.StackedWeight(parts)  # one kernel call, no copy
@@ -137,10 +149,11 @@ def file_runner(gguf: GgufFile, config, max_positions: int | None = None):
     from engine.model.runner import Architecture, LlamaRunner, LayerWeights
 
     arch = Architecture.from_config(config)
+    as_stored = reads_q4_as_stored(gguf)
     layers = []
     for i in range(arch.n_layers):
         def projection(*roles: str):
-            return _projection(gguf, arch, [_layer_name(i, r) for r in roles], list(roles))
+            return _projection(gguf, arch, [_layer_name(i, r) for r in roles], list(roles), as_stored)
 
         layers.append(LayerWeights(
             attn_norm=widen(gguf, _layer_name(i, "attn_norm")),
@@ -154,8 +167,8 @@ def file_runner(gguf: GgufFile, config, max_positions: int | None = None):
         built = layers[-1]  # its file pages leave the resident set as soon as the layer is built
         _release_copied(gguf, [built.wqkv, built.wo, built.w_gate_up, built.w_down],
                         [n for n in gguf.tensors if n.startswith(f"blk.{i}.")])
-    embed = _file_weight(gguf, "token_embd.weight", None)
-    lm_head = embed if "output.weight" not in gguf.tensors else _file_weight(gguf, "output.weight", None)
+    embed = _file_weight(gguf, "token_embd.weight", None, as_stored)
+    lm_head = embed if "output.weight" not in gguf.tensors else _file_weight(gguf, "output.weight", None, as_stored)
     runner = LlamaRunner.from_parts(config, embed, widen(gguf, "output_norm.weight"), lm_head, layers, max_positions)
     weights = [embed, lm_head] + [w for layer in layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
     blocks = [w for w in weights if isinstance(w, quant.QuantWeight)]

@@ -100,11 +100,13 @@ class QuantWeight:
 
     def __init__(self, kind: str, blocks: np.ndarray, in_features: int,
                  packed: torch.Tensor | None = None, scales_zeros: torch.Tensor | None = None,
-                 row_order: np.ndarray | None = None) -> None:
+                 row_order: np.ndarray | None = None, as_stored: bool = False) -> None:
         """blocks: uint8 [out, in / 32 * BLOCK_BYTES[kind]], rows in the model's (HF) order, or in
         the file's where row_order says which file row is the model's row i (llama.cpp's Q and K:
         the blocks stay a view of the file and the kernel writes each row's output to its column);
-        packed/scales_zeros: the kernel's copy when read back from the cache (else built here)."""
+        packed/scales_zeros: the kernel's copy when read back from the cache (else built here);
+        as_stored: Q4_0 / Q4_1 blocks read by the kernel as the file stores them, not repacked
+        (engine/native BlockMatrix), where a large file's copy would cost more memory than it saves time."""
         if kind not in BLOCK_BYTES:
             raise ValueError(f"QuantWeight: {kind} blocks are not supported ({', '.join(SUPPORTED)} are)")
         per = BLOCK_WEIGHTS[kind]
@@ -118,7 +120,7 @@ class QuantWeight:
         # kinds repacked with float32 scales: engine/native repack_q4)
         self._native = None
         if native.available():
-            matrix = native.BlockMatrix(kind, self.blocks)
+            matrix = native.BlockMatrix(kind, self.blocks, as_stored)
             self._native = matrix if self.row_order is None else \
                 native.StackedBlocks([matrix], [np.argsort(self.row_order).astype(np.int32)])
         self.doubled = kind == "Q8_0"  # the int4 kernel sees the input twice: [x, x]

@@ -33,8 +33,9 @@ VERSION = 10  # triforce_kernels_version() of the source this module speaks to
 # kernels.c's kind codes: 6 a 32-weight 4-bit kind repacked (repack_q4); the others read the file's
 # blocks as stored; STACKED_CODE a projection stacked from parts of several kinds (StackedBlocks)
 KIND_CODES = {"Q4_0": 6, "Q4_1": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q5_0": 20, "Q5_1": 21}
+STORED_Q4_CODES = {"Q4_0": 22, "Q4_1": 23}  # Q4_0 / Q4_1 read as stored (not repacked)
 STACKED_CODE = 1
-DRAFT_INT16_CODES = (6, 12, 13, 14, 20, 21)  # kinds with an int16-activation matmul (a drafter's)
+DRAFT_INT16_CODES = (6, 12, 13, 14, 20, 21, 22, 23)  # kinds with an int16-activation matmul (a drafter's)
 MAX_PARTS = 4  # parts a StackedBlocks holds (kernels.c StackedWeight)
 _FILE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 MAX_DIM = 256  # head sizes the attention kernel takes (a multiple of 8)
@@ -234,11 +235,15 @@ class BlockMatrix:
 
     __slots__ = ("array", "code", "pointer", "out")
 
-    def __init__(self, kind: str, blocks: np.ndarray) -> None:
+    def __init__(self, kind: str, blocks: np.ndarray, as_stored: bool = False) -> None:
+        """as_stored: Q4_0 / Q4_1 read as the file stores them (no repacked copy: the same weights
+        and, on CPUs without AVX-512, the same bits; a little slower a block)."""
         # Q8_0 and the K / 5-bit kinds are read as stored: a C-contiguous (maybe read-only, memory-
         # mapped) array is used in place, never copied
-        self.array = repack_q4(kind, blocks) if kind in _FILE_BLOCK_BYTES else np.ascontiguousarray(blocks)
-        self.code, self.pointer, self.out = KIND_CODES[kind], self.array.ctypes.data, self.array.shape[0]
+        repack = kind in _FILE_BLOCK_BYTES and not as_stored
+        self.array = repack_q4(kind, blocks) if repack else np.ascontiguousarray(blocks)
+        code = STORED_Q4_CODES[kind] if kind in STORED_Q4_CODES and as_stored else KIND_CODES[kind]
+        self.code, self.pointer, self.out = code, self.array.ctypes.data, self.array.shape[0]
 
     def _operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x made contiguous, and the output y [T, out] float32 a kernel writes."""

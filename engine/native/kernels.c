@@ -279,15 +279,19 @@ typedef int8_t v32s8 __attribute__((vector_size(32)));
 #define KIND_Q6_K 14
 #define KIND_Q5_0 20
 #define KIND_Q5_1 21
+#define KIND_Q4_0_STORED 22  /* Q4_0 and Q4_1 as in the file, not repacked (kind 6): a large model's */
+#define KIND_Q4_1_STORED 23
 #define KIND_STACKED 1
 
-static inline int is_stored_kind(int kind) { return kind >= KIND_Q4_K && kind <= KIND_Q5_1; }
+static inline int is_stored_kind(int kind) { return kind >= KIND_Q4_K && kind <= KIND_Q4_1_STORED; }
 static inline int64_t stored_block_bytes(int kind) {
     switch (kind) {
     case KIND_Q4_K: return 144;
     case KIND_Q5_K: return 176;
     case KIND_Q6_K: return 210;
     case KIND_Q5_0: return 22;
+    case KIND_Q4_0_STORED: return 18;
+    case KIND_Q4_1_STORED: return 20;
     default: return 24;  /* Q5_1 */
     }
 }
@@ -365,6 +369,21 @@ static inline v32u8 q5_codes(const uint8_t *qs, uint32_t qh) {
 #endif
 }
 
+/* Q4_0 / Q4_1 as stored: the 32 codes of a block, element i < 16 the low nibble of byte i, i + 16 its high one */
+static inline v32u8 q4_codes(const uint8_t *qs) {
+#ifdef __AVX2__
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0F);
+    return (v32u8)_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+#else
+    v32u8 q;
+    for (int i = 0; i < 16; i++) {
+        q[i] = (uint8_t)(qs[i] & 15);
+        q[i + 16] = (uint8_t)(qs[i] >> 4);
+    }
+    return q;
+#endif
+}
+
 /* Rows [o, o + nr) times tokens [t0, t0 + nt) of a stored kind, y row stride ys. Per row and token
  * two 8-lane accumulators (even and odd quarters of every 32 weights), over the weights in order,
  * summed at the end in a fixed order: the same operations for a token whatever nr, nt or the other
@@ -389,7 +408,7 @@ static inline __attribute__((always_inline)) void tile_stored(int kind, const ui
                 if (kind == KIND_Q5_K) qh = load32u8(blk + 16);
             } else {
                 d[0] = half_to_float(blk);
-                m[0] = kind == KIND_Q5_0 ? -16.0f * d[0] : half_to_float(blk + 2);
+                m[0] = kind == KIND_Q5_0 ? -16.0f * d[0] : kind == KIND_Q4_0_STORED ? -8.0f * d[0] : half_to_float(blk + 2);
             }
             #pragma GCC unroll 8
             for (int j = 0; j < subs; j++) {
@@ -404,6 +423,8 @@ static inline __attribute__((always_inline)) void tile_stored(int kind, const ui
                     const v32u8 lo = (load32u8(blk + 64 * h + 32 * (k % 2)) >> (4 * (k / 2))) & 15;
                     const v32u8 hi = (load32u8(blk + 128 + 32 * h) >> (2 * k)) & 3;
                     widen32_s8((v32s8)(lo | (hi << 4)) - 32, d[2 * j], d[2 * j + 1], w);
+                } else if (kind == KIND_Q4_0_STORED || kind == KIND_Q4_1_STORED) {
+                    widen32_u8(q4_codes(blk + (kind == KIND_Q4_0_STORED ? 2 : 4)), d[0], m[0], w);
                 } else {
                     const int off = kind == KIND_Q5_0 ? 2 : 4;
                     uint32_t bits;
@@ -482,6 +503,8 @@ static void block_matmul_into(int kind, const uint8_t *blocks, int64_t out, int6
         case KIND_Q5_K: matmul_rows(KIND_Q5_K, blocks, out, in, x, T, y, ys, o); break;
         case KIND_Q6_K: matmul_rows(KIND_Q6_K, blocks, out, in, x, T, y, ys, o); break;
         case KIND_Q5_0: matmul_rows(KIND_Q5_0, blocks, out, in, x, T, y, ys, o); break;
+        case KIND_Q4_0_STORED: matmul_rows(KIND_Q4_0_STORED, blocks, out, in, x, T, y, ys, o); break;
+        case KIND_Q4_1_STORED: matmul_rows(KIND_Q4_1_STORED, blocks, out, in, x, T, y, ys, o); break;
         default: matmul_rows(KIND_Q5_1, blocks, out, in, x, T, y, ys, o); break;
         }
     }
@@ -833,7 +856,7 @@ static inline __attribute__((always_inline)) void row_stored_q16a(int kind, cons
             if (kind == KIND_Q5_K) qh = load32u8(blk + 16);
         } else {
             d[0] = half_to_float(blk);
-            m[0] = kind == KIND_Q5_0 ? -16.0f * d[0] : half_to_float(blk + 2);
+            m[0] = kind == KIND_Q5_0 ? -16.0f * d[0] : kind == KIND_Q4_0_STORED ? -8.0f * d[0] : half_to_float(blk + 2);
         }
         #pragma GCC unroll 8
         for (int j = 0; j < subs; j++) {
@@ -850,6 +873,8 @@ static inline __attribute__((always_inline)) void row_stored_q16a(int kind, cons
                     codes = (v32s8)((load32u8(blk + 16 + 32 * (j / 2)) >> (4 * (j % 2))) & 15);
                 } else if (kind == KIND_Q5_K) {
                     codes = (v32s8)(((load32u8(blk + 48 + 32 * (j / 2)) >> (4 * (j % 2))) & 15) | (((qh >> j) & 1) << 4));
+                } else if (kind == KIND_Q4_0_STORED || kind == KIND_Q4_1_STORED) {
+                    codes = (v32s8)q4_codes(blk + (kind == KIND_Q4_0_STORED ? 2 : 4));
                 } else {
                     const int at = kind == KIND_Q5_0 ? 2 : 4;
                     uint32_t bits;
@@ -900,6 +925,8 @@ static int stored_q16a_into(int kind, const uint8_t *blocks, int64_t out, int64_
         case KIND_Q5_K: rows_stored_q16a(KIND_Q5_K, blocks, o, in, a, T, y, ys); break;
         case KIND_Q6_K: rows_stored_q16a(KIND_Q6_K, blocks, o, in, a, T, y, ys); break;
         case KIND_Q5_0: rows_stored_q16a(KIND_Q5_0, blocks, o, in, a, T, y, ys); break;
+        case KIND_Q4_0_STORED: rows_stored_q16a(KIND_Q4_0_STORED, blocks, o, in, a, T, y, ys); break;
+        case KIND_Q4_1_STORED: rows_stored_q16a(KIND_Q4_1_STORED, blocks, o, in, a, T, y, ys); break;
         default: rows_stored_q16a(KIND_Q5_1, blocks, o, in, a, T, y, ys); break;
         }
     }
