@@ -122,15 +122,20 @@ class WidenedStack:
 def _projection(gguf: GgufFile, arch, names: list[str], roles: list[str], as_stored: bool = False):
     """The projections `names` stacked along `out` (q|k|v, gate|up) as one weight: one QuantWeight
     over one view of the file where they share a kind the kernels run, are stored back to back and
-    need no reordering; else a quant.StackedWeight of the parts as stored (views of the file, any
-    kinds and row orders: no bytes copied); one float32 tensor when none runs natively, else a
-    WidenedStack."""
+    need no reordering; one repacked QuantWeight of the parts in the model's row order where they
+    are all Q4_0 or all Q4_1 and repacked anyway; else a quant.StackedWeight of the parts as stored
+    (views of the file, any kinds and row orders: no bytes copied); one float32 tensor when none
+    runs natively, else a WidenedStack."""
     orders = [_row_order(gguf, arch, role) for role in roles]
     kinds = {gguf.tensors[n].kind for n in names}
     if len(kinds) == 1 and kinds <= set(quant.SUPPORTED) and all(o is None for o in orders):
         view = gguf.span(names)
         if view is not None:
             return quant.QuantWeight(kinds.pop(), view, gguf.tensors[names[0]].shape[-1], as_stored=as_stored)
+    if len(names) > 1 and len(kinds) == 1 and kinds <= {"Q4_0", "Q4_1"} and not as_stored:
+        # repacked anyway (a copy): one matrix in the model's row order, one kernel call
+        blocks = [gguf.blocks(n) if o is None else gguf.blocks(n)[o] for n, o in zip(names, orders)]
+        return quant.QuantWeight(kinds.pop(), np.concatenate(blocks), gguf.tensors[names[0]].shape[-1])
     parts = [_file_weight(gguf, n, o, as_stored) for n, o in zip(names, orders)]
     quantized = [p for p in parts if isinstance(p, quant.QuantWeight)]
     if len(quantized) == len(parts):
