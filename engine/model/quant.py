@@ -76,9 +76,11 @@ _PACK_ROWS = 4096  # rows packed per call (bounds the int32 scratch copy)
 DENSE_ABOVE = 64
 # Widening the bundled model's blocks took 215 ms per prefill chunk, a third of a 256-token chunk's
 # time: over a prefill of several chunks the float32 copy is kept (widened_for_prefill) when it fits
-# in WIDEN_SHARE of the memory available, and WIDEN_MAX at most.
+# in WIDEN_SHARE of the memory available, and WIDEN_MAX at most: a small model's, never a user's
+# 1B+ file's (its copy would be several times the file: those widen one weight at a time, chunk by
+# chunk, and the process holds about the file).
 WIDEN_SHARE = 0.25
-WIDEN_MAX = 4 << 30
+WIDEN_MAX = 1 << 30
 
 
 def cpu_prefill_attention_dtype() -> torch.dtype | None:
