@@ -61,7 +61,8 @@ def test_a_mixed_gguf_runs_each_tensor_as_stored(mixed_gguf):
     assert isinstance(runner.lm_head, QuantWeight) and runner.lm_head.kind == "Q4_0"
     # gate|up and down are views of the mapped file, no copy of their bytes
     assert all(_is_file_view(w.blocks) for w in (layer.w_gate_up, layer.w_down, runner.embed, runner.lm_head))
-    assert not _is_file_view(layer.wqkv.parts[0].blocks)  # Q rows reordered: a copy
+    # q|k|v too: each part the stored tensor, Q and K rows reordered by the kernel's columns, not copied
+    assert all(_is_file_view(p.blocks) for p in layer.wqkv.parts) and layer.wqkv.parts[0].row_order is not None
     # every weight is the file's own values, rows back in transformers' order
     gate, up = stored["model.layers.0.mlp.gate_proj.weight"], stored["model.layers.0.mlp.up_proj.weight"]
     assert torch.equal(layer.w_gate_up.dequantize(), torch.from_numpy(np.concatenate([gate, up])))

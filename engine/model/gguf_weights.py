@@ -6,9 +6,12 @@ over the mapped file's bytes; the embedding looks up and widens only the rows it
 (QuantWeight.rows), and a tied vocabulary projection shares the embedding's blocks. A tensor of any
 other kind is widened to float32, tensor by tensor. Norms (F32) are small float32 copies.
 
-llama.cpp's converter stores a Llama's Q and K rows interleaved per head (for its own RoPE); rows
-are put back in transformers' order here (quant.unpermute_rows), so the runner's RoPE is the one
-its float32 models use. Qwen2 files are stored unpermuted.
+llama.cpp's converter stores a Llama's Q and K rows interleaved per head (for its own RoPE); the
+blocks stay as stored and the kernel writes each row's output to its column in transformers' order
+(quant.unpermute_rows, QuantWeight row_order), so the runner's RoPE is the one its float32 models
+use. Qwen2 files are stored unpermuted. q|k|v and gate|up run as a StackedWeight of the stored
+tensors: a file's projections are read from the mapped file, never copied (a small file's Q4_0 and
+Q4_1 blocks are repacked: REPACK_MAX_BYTES).
 
 `state_dict` is the same weights fully widened to float32 (or another dtype) under transformers'
 names: the oracle a quantized target is tested against, and what a GPU placement loads.
@@ -29,6 +32,10 @@ HF_LAYER_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_a
                   "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
                   "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
 PLAIN_KINDS = ("F32", "F16", "BF16")
+# Q4_0 / Q4_1 blocks are repacked for the kernel (float32 scales: a faster 1-token matmul, engine/native
+# repack_q4) while the copy stays under this; a larger file's are read as stored, so its peak RSS
+# stays about the file itself
+REPACK_MAX_BYTES = 256 << 20
 
 
 def runs_natively(kind: str) -> bool:
@@ -63,14 +70,22 @@ def widen(gguf: GgufFile, name: str, rows: np.ndarray | None = None) -> torch.Te
     return out[torch.from_numpy(rows)].contiguous() if rows is not None else out
 
 
-def _file_weight(gguf: GgufFile, name: str, rows: np.ndarray | None):
-    """A projection as the file's blocks (QuantWeight over the mapped bytes; reordered rows are a
-    copy) when its kind runs natively, else widened to float32."""
+def reads_q4_as_stored(gguf: GgufFile) -> bool:
+    """Whether the file's Q4_0 / Q4_1 blocks run as stored: their repacked copy (24 bytes a block)
+    would exceed REPACK_MAX_BYTES."""
+    copy = sum(t.nbytes * 24 // (18 if t.kind == "Q4_0" else 20)
+               for t in gguf.tensors.values() if t.kind in ("Q4_0", "Q4_1"))
+    return copy > REPACK_MAX_BYTES
+
+
+def _file_weight(gguf: GgufFile, name: str, rows: np.ndarray | None, as_stored: bool = False):
+    """A projection as the file's blocks when its kind runs natively (a QuantWeight over the mapped
+    bytes as stored; reordered rows are the kernel's column order, not a copy), else widened to
+    float32."""
     tensor = gguf.tensors[name]
     if tensor.kind not in quant.SUPPORTED:
         return widen(gguf, name, rows)
-    blocks = gguf.blocks(name)
-    return quant.QuantWeight(tensor.kind, blocks if rows is None else blocks[rows], tensor.shape[-1])
+    return quant.QuantWeight(tensor.kind, gguf.blocks(name), tensor.shape[-1], row_order=rows, as_stored=as_stored)
 
 
 class WidenedStack:
@@ -104,24 +119,27 @@ class WidenedStack:
                    for p in self.parts)
 
 
-def _projection(gguf: GgufFile, arch, names: list[str], roles: list[str]):
+def _projection(gguf: GgufFile, arch, names: list[str], roles: list[str], as_stored: bool = False):
     """The projections `names` stacked along `out` (q|k|v, gate|up) as one weight: one QuantWeight
-    when they share a kind the kernels run (a view of the file where they are stored back to back
-    and need no reordering, else their blocks concatenated), one float32 tensor when none runs
-    natively, a quant.StackedWeight where the parts differ in kind, else a WidenedStack."""
+    over one view of the file where they share a kind the kernels run, are stored back to back and
+    need no reordering; one repacked QuantWeight of the parts in the model's row order where they
+    are all Q4_0 or all Q4_1 and repacked anyway; else a quant.StackedWeight of the parts as stored
+    (views of the file, any kinds and row orders: no bytes copied); one float32 tensor when none
+    runs natively, else a WidenedStack."""
     orders = [_row_order(gguf, arch, role) for role in roles]
     kinds = {gguf.tensors[n].kind for n in names}
     if len(kinds) == 1 and kinds <= set(quant.SUPPORTED) and all(o is None for o in orders):
         view = gguf.span(names)
         if view is not None:
-            return quant.QuantWeight(kinds.pop(), view, gguf.tensors[names[0]].shape[-1])
-    parts = [_file_weight(gguf, n, o) for n, o in zip(names, orders)]
+            return quant.QuantWeight(kinds.pop(), view, gguf.tensors[names[0]].shape[-1], as_stored=as_stored)
+    if len(names) > 1 and len(kinds) == 1 and kinds <= {"Q4_0", "Q4_1"} and not as_stored:
+        # repacked anyway (a copy): one matrix in the model's row order, one kernel call
+        blocks = [gguf.blocks(n) if o is None else gguf.blocks(n)[o] for n, o in zip(names, orders)]
+        return quant.QuantWeight(kinds.pop(), np.concatenate(blocks), gguf.tensors[names[0]].shape[-1])
+    parts = [_file_weight(gguf, n, o, as_stored) for n, o in zip(names, orders)]
     quantized = [p for p in parts if isinstance(p, quant.QuantWeight)]
-    if len(quantized) == len(parts) and len(kinds) == 1:
-        return parts[0] if len(parts) == 1 else \
-            quant.QuantWeight(parts[0].kind, np.concatenate([p.blocks for p in parts]), parts[0].in_features)
     if len(quantized) == len(parts):
-        return quant.StackedWeight(parts)  # kinds differ, all native: one stacked kernel call, no copy
+        return parts[0] if len(parts) == 1 else quant.StackedWeight(parts)  # one kernel call, no copy
     if not quantized:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
     return WidenedStack(parts)
@@ -136,10 +154,11 @@ def file_runner(gguf: GgufFile, config, max_positions: int | None = None):
     from engine.model.runner import Architecture, LlamaRunner, LayerWeights
 
     arch = Architecture.from_config(config)
+    as_stored = reads_q4_as_stored(gguf)
     layers = []
     for i in range(arch.n_layers):
         def projection(*roles: str):
-            return _projection(gguf, arch, [_layer_name(i, r) for r in roles], list(roles))
+            return _projection(gguf, arch, [_layer_name(i, r) for r in roles], list(roles), as_stored)
 
         layers.append(LayerWeights(
             attn_norm=widen(gguf, _layer_name(i, "attn_norm")),
@@ -153,13 +172,15 @@ def file_runner(gguf: GgufFile, config, max_positions: int | None = None):
         built = layers[-1]  # its file pages leave the resident set as soon as the layer is built
         _release_copied(gguf, [built.wqkv, built.wo, built.w_gate_up, built.w_down],
                         [n for n in gguf.tensors if n.startswith(f"blk.{i}.")])
-    embed = _file_weight(gguf, "token_embd.weight", None)
-    lm_head = embed if "output.weight" not in gguf.tensors else _file_weight(gguf, "output.weight", None)
+    embed = _file_weight(gguf, "token_embd.weight", None, as_stored)
+    lm_head = embed if "output.weight" not in gguf.tensors else _file_weight(gguf, "output.weight", None, as_stored)
     runner = LlamaRunner.from_parts(config, embed, widen(gguf, "output_norm.weight"), lm_head, layers, max_positions)
     weights = [embed, lm_head] + [w for layer in layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
     blocks = [w for w in weights if isinstance(w, quant.QuantWeight)]
     if blocks:  # a different target from float32's, and one per kernel (snapshot keys)
         runner.weights_tag = "gguf-native-f32" if any(w.native for w in blocks) else "gguf-int4-bf16"
+        if as_stored and runner.weights_tag == "gguf-native-f32":  # AVX-512 sums these apart from the repacked tile
+            runner.weights_tag += "-q4-stored"
         runner.prefill_dtype = quant.cpu_prefill_attention_dtype()
     _release_copied(gguf, [embed, lm_head], [n for n in gguf.tensors if not n.startswith("blk.")])
     return runner
@@ -170,8 +191,8 @@ def _release_copied(gguf: GgufFile, weights: list, names: list[str]) -> None:
     read and no kernel reads again (copied: repacked, reordered, widened); the pages a kernel reads
     in place (Q8_0 blocks, the embedding's rows) stay mapped as they are."""
     parts = [p for w in weights for p in (w.parts if isinstance(w, quant.StackedWeight) else [w])]
-    read_in_place = [p.native_blocks.array for p in parts
-                     if isinstance(p, quant.QuantWeight) and p.native and gguf.holds(p.native_blocks.array)]
+    natives = [p.native_part() for p in parts if isinstance(p, quant.QuantWeight)]
+    read_in_place = [n[0].array for n in natives if n is not None and gguf.holds(n[0].array)]
     for name in names:
         view = gguf.blocks(name)
         if not any(np.may_share_memory(view, a) for a in read_in_place):

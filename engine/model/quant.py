@@ -18,8 +18,8 @@ element j's fifth bit. A K super-block holds 256 weights in sub-blocks with thei
 Every product in these formulas is exact in float32, so the widened weights are gguf's bits
 whatever the order of the arithmetic. A fused projection whose parts differ in kind (a Q4_K_M
 file's q, k in Q4_K and v in Q6_K) is a StackedWeight: each part runs as its own kind. L1 drafts
-with int16 activations only on the repacked Q4_0/Q4_1 blocks; the other kinds draft through the
-float kernel, so L1's forwards there are the target's own.
+with int16 activations on every kind but Q8_0 (engine/native matmul_int16: the repacked Q4_0/Q4_1
+blocks and the stored K and 5-bit blocks); Q8_0 drafts through the float kernel.
 
 Decoding and verification (up to DENSE_ABOVE tokens) run the blocks as stored through the native
 kernel (engine/native/kernels.c): each block is widened to float32 in registers and multiplied with
@@ -76,9 +76,11 @@ _PACK_ROWS = 4096  # rows packed per call (bounds the int32 scratch copy)
 DENSE_ABOVE = 64
 # Widening the bundled model's blocks took 215 ms per prefill chunk, a third of a 256-token chunk's
 # time: over a prefill of several chunks the float32 copy is kept (widened_for_prefill) when it fits
-# in WIDEN_SHARE of the memory available, and WIDEN_MAX at most.
+# in WIDEN_SHARE of the memory available, and WIDEN_MAX at most: a small model's, never a user's
+# 1B+ file's (its copy would be several times the file: those widen one weight at a time, chunk by
+# chunk, and the process holds about the file).
 WIDEN_SHARE = 0.25
-WIDEN_MAX = 4 << 30
+WIDEN_MAX = 1 << 30
 
 
 def cpu_prefill_attention_dtype() -> torch.dtype | None:
@@ -99,9 +101,14 @@ class QuantWeight:
     first use); dequantize is the exact float32 oracle."""
 
     def __init__(self, kind: str, blocks: np.ndarray, in_features: int,
-                 packed: torch.Tensor | None = None, scales_zeros: torch.Tensor | None = None) -> None:
-        """blocks: uint8 [out, in / 32 * BLOCK_BYTES[kind]], rows in the model's (HF) order;
-        packed/scales_zeros: the kernel's copy when read back from the cache (else built here)."""
+                 packed: torch.Tensor | None = None, scales_zeros: torch.Tensor | None = None,
+                 row_order: np.ndarray | None = None, as_stored: bool = False) -> None:
+        """blocks: uint8 [out, in / 32 * BLOCK_BYTES[kind]], rows in the model's (HF) order, or in
+        the file's where row_order says which file row is the model's row i (llama.cpp's Q and K:
+        the blocks stay a view of the file and the kernel writes each row's output to its column);
+        packed/scales_zeros: the kernel's copy when read back from the cache (else built here);
+        as_stored: Q4_0 / Q4_1 blocks read by the kernel as the file stores them, not repacked
+        (engine/native BlockMatrix), where a large file's copy would cost more memory than it saves time."""
         if kind not in BLOCK_BYTES:
             raise ValueError(f"QuantWeight: {kind} blocks are not supported ({', '.join(SUPPORTED)} are)")
         per = BLOCK_WEIGHTS[kind]
@@ -110,9 +117,14 @@ class QuantWeight:
         self.kind = kind
         self.out_features, self.in_features = int(blocks.shape[0]), in_features
         self.blocks = np.ascontiguousarray(blocks)  # [out, nb * block bytes] uint8, maybe a read-only memory map
+        self.row_order = None if row_order is None else np.asarray(row_order, dtype=np.int64)  # [out]
         # fixed for the weight's life: one target per process (the kernel reads its own copy, 4-bit
         # kinds repacked with float32 scales: engine/native repack_q4)
-        self._native = native.BlockMatrix(kind, self.blocks) if native.available() else None
+        self._native = None
+        if native.available():
+            matrix = native.BlockMatrix(kind, self.blocks, as_stored)
+            self._native = matrix if self.row_order is None else \
+                native.StackedBlocks([matrix], [np.argsort(self.row_order).astype(np.int32)])
         self.doubled = kind == "Q8_0"  # the int4 kernel sees the input twice: [x, x]
         self._packed = (packed, scales_zeros) if packed is not None and scales_zeros is not None else None
         self.keep_dense = False  # set by widened_for_prefill: widen once, keep the copy until it ends
@@ -136,7 +148,7 @@ class QuantWeight:
 
     def _int4(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._packed is None:
-            self._packed = _pack(self.kind, self.blocks, self.in_features)
+            self._packed = _pack(self.kind, self.model_blocks(), self.in_features)
         return self._packed
 
     def _torch_matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -189,12 +201,26 @@ class QuantWeight:
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """The float32 rows at `index` [T] -> [T, in], exactly as the file defines them (an
         embedding lookup dequantizes only the tokens it looks up)."""
-        picked = np.ascontiguousarray(self.blocks[index.cpu().numpy()])
+        index = index.cpu().numpy()
+        picked = np.ascontiguousarray(self.blocks[index if self.row_order is None else self.row_order[index]])
         return dequantize_blocks(self.kind, picked, self.in_features)
+
+    def model_blocks(self) -> np.ndarray:
+        """The blocks with rows in the model's order (a copy where the file stores another order)."""
+        return self.blocks if self.row_order is None else self.blocks[self.row_order]
 
     def dequantize(self) -> torch.Tensor:
         """The whole weight in float32 [out, in]: the oracle (equal to gguf's own dequantize)."""
-        return dequantize_blocks(self.kind, self.blocks, self.in_features)
+        return dequantize_blocks(self.kind, self.model_blocks(), self.in_features)
+
+    def native_part(self) -> tuple[native.BlockMatrix, np.ndarray | None] | None:
+        """The single-kind blocks the native kernel reads and the column each row goes to (None: the
+        model's order), for stacking; None where torch's kernel runs."""
+        if self._native is None:
+            return None
+        if isinstance(self._native, native.StackedBlocks):
+            return self._native.parts[0], self._native.cols[0]
+        return self._native, None
 
     def nbytes(self) -> int:
         """Bytes a forward reads for this weight: the native kernel's blocks (4-bit kinds with float32
@@ -208,19 +234,22 @@ class QuantWeight:
 
 
 class StackedWeight(QuantWeight):
-    """A projection stacked along `out` from parts of different kinds (q | k | v with v in Q6_K and
-    q, k in Q4_K, as Q4_K_M files store them): each part's rows run as its own kind, in one native
-    call where the kernels run. Its kind names the parts' kinds joined by "+"."""
+    """A projection stacked along `out` from parts (q | k | v, gate | up), each the file's own tensor
+    where it lies, so nothing is concatenated: each part's rows run as its own kind (a Q4_K_M file's
+    v in Q6_K beside q and k in Q4_K) and in its own row order, in one native call where the kernels
+    run. Its kind is the parts' kind, or their kinds joined by "+" where they differ."""
 
     def __init__(self, parts: list[QuantWeight]) -> None:
         if len({p.in_features for p in parts}) != 1:
             raise ValueError("StackedWeight: the parts must share in_features")
         self.parts = parts
-        self.kind = "+".join(p.kind for p in parts)
+        kinds = [p.kind for p in parts]
+        self.kind = kinds[0] if len(set(kinds)) == 1 else "+".join(kinds)
         self.out_features, self.in_features = sum(p.out_features for p in parts), parts[0].in_features
-        self.blocks = None  # each part holds its own
-        natives = [p.native_blocks for p in parts]
-        self._native = native.StackedBlocks(natives) if all(n is not None for n in natives) else None
+        self.blocks, self.row_order = None, None  # each part holds its own
+        natives = [p.native_part() for p in parts]
+        self._native = native.StackedBlocks([n[0] for n in natives], [n[1] for n in natives]) \
+            if all(n is not None for n in natives) else None
         self.doubled, self._packed = False, None
         self.keep_dense, self.dense, self._widened = False, None, None
 

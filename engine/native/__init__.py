@@ -29,11 +29,13 @@ import torch  # loads torch's libgomp first: the kernels then share its OpenMP r
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-VERSION = 9  # triforce_kernels_version() of the source this module speaks to
+VERSION = 10  # triforce_kernels_version() of the source this module speaks to
 # kernels.c's kind codes: 6 a 32-weight 4-bit kind repacked (repack_q4); the others read the file's
 # blocks as stored; STACKED_CODE a projection stacked from parts of several kinds (StackedBlocks)
 KIND_CODES = {"Q4_0": 6, "Q4_1": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q5_0": 20, "Q5_1": 21}
+STORED_Q4_CODES = {"Q4_0": 22, "Q4_1": 23}  # Q4_0 / Q4_1 read as stored (not repacked)
 STACKED_CODE = 1
+DRAFT_INT16_CODES = (6, 12, 13, 14, 20, 21, 22, 23)  # kinds with an int16-activation matmul (a drafter's)
 MAX_PARTS = 4  # parts a StackedBlocks holds (kernels.c StackedWeight)
 _FILE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 MAX_DIM = 256  # head sizes the attention kernel takes (a multiple of 8)
@@ -100,9 +102,11 @@ def _compile(compiler: str, target: Path, flags: list[str]) -> str:
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.triforce_block_matmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
-    lib.triforce_block_matmul.restype = None
+    lib.triforce_block_matmul.restype = i32
     lib.triforce_block_matmul_q16a.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32]
     lib.triforce_block_matmul_q16a.restype = i32
+    lib.triforce_block_matmul_draft.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
+    lib.triforce_block_matmul_draft.restype = i32
     lib.triforce_attention.argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, i32]
     lib.triforce_attention.restype = i32
     lib.triforce_rms_norm.argtypes = [ptr, ptr, i64, i64, ctypes.c_float, ptr]
@@ -231,11 +235,15 @@ class BlockMatrix:
 
     __slots__ = ("array", "code", "pointer", "out")
 
-    def __init__(self, kind: str, blocks: np.ndarray) -> None:
+    def __init__(self, kind: str, blocks: np.ndarray, as_stored: bool = False) -> None:
+        """as_stored: Q4_0 / Q4_1 read as the file stores them (no repacked copy: the same weights
+        and, on CPUs without AVX-512, the same bits; a little slower a block)."""
         # Q8_0 and the K / 5-bit kinds are read as stored: a C-contiguous (maybe read-only, memory-
         # mapped) array is used in place, never copied
-        self.array = repack_q4(kind, blocks) if kind in _FILE_BLOCK_BYTES else np.ascontiguousarray(blocks)
-        self.code, self.pointer, self.out = KIND_CODES[kind], self.array.ctypes.data, self.array.shape[0]
+        repack = kind in _FILE_BLOCK_BYTES and not as_stored
+        self.array = repack_q4(kind, blocks) if repack else np.ascontiguousarray(blocks)
+        code = STORED_Q4_CODES[kind] if kind in STORED_Q4_CODES and as_stored else KIND_CODES[kind]
+        self.code, self.pointer, self.out = code, self.array.ctypes.data, self.array.shape[0]
 
     def _operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x made contiguous, and the output y [T, out] float32 a kernel writes."""
@@ -245,8 +253,10 @@ class BlockMatrix:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] float32 @ W.T -> [T, out] float32."""
         x, y = self._operands(x)
-        _kernels().triforce_block_matmul(self.code, self.pointer, self.out, x.shape[1], x.data_ptr(), x.shape[0],
-                                         y.data_ptr(), torch.get_num_threads())
+        rc = _kernels().triforce_block_matmul(self.code, self.pointer, self.out, x.shape[1], x.data_ptr(),
+                                              x.shape[0], y.data_ptr(), torch.get_num_threads())
+        if rc:
+            raise MemoryError(f"block matmul of x {tuple(x.shape)} failed ({rc})")
         return y
 
     @property
@@ -256,18 +266,18 @@ class BlockMatrix:
 
     @property
     def drafts_int16(self) -> bool:
-        """Whether matmul_int16 runs the int16-activation kernel (the repacked 4-bit kinds)."""
-        return self.code == KIND_CODES["Q4_0"]
+        """Whether matmul_int16 runs an int16-activation kernel (every kind but Q8_0)."""
+        return self.code in DRAFT_INT16_CODES
 
     def matmul_int16(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, in] float32 @ W.T -> [T, out] float32 with x quantized to int16 per block of 32
-        (within ~2e-5 of matmul, in about half its time at one token with the weights in cache): a
-        drafter's approximation of matmul, never the target's. Q8_0 weights run matmul."""
+        """x [T, in] float32 @ W.T -> [T, out] float32 with x quantized to int16 per 32 elements
+        (within ~1e-5 of matmul, cheaper): a drafter's approximation of matmul, never the target's.
+        Q8_0 weights (and Q8_0 parts of a stack) run matmul."""
         if not self.drafts_int16:
             return self.matmul(x)
         x, y = self._operands(x)
-        rc = _kernels().triforce_block_matmul_q16a(self.pointer, self.out, x.shape[1], x.data_ptr(), x.shape[0],
-                                                   y.data_ptr(), torch.get_num_threads())
+        rc = _kernels().triforce_block_matmul_draft(self.code, self.pointer, self.out, x.shape[1], x.data_ptr(),
+                                                    x.shape[0], y.data_ptr(), torch.get_num_threads())
         if rc:
             raise ValueError(f"int16-activation matmul rejected x {tuple(x.shape)} ({rc})")
         return y
@@ -275,29 +285,44 @@ class BlockMatrix:
 
 class _StackedWeight(ctypes.Structure):
     _fields_ = [("parts", ctypes.c_int64), ("kinds", ctypes.c_int64 * MAX_PARTS),
-                ("blocks", ctypes.c_void_p * MAX_PARTS), ("rows", ctypes.c_int64 * MAX_PARTS)]
+                ("blocks", ctypes.c_void_p * MAX_PARTS), ("rows", ctypes.c_int64 * MAX_PARTS),
+                ("cols", ctypes.c_void_p * MAX_PARTS)]
 
 
 class StackedBlocks(BlockMatrix):
-    """A projection stacked along `out` from parts of different kinds (a Q4_K_M file's q | k in Q4_K
-    and v in Q6_K): one kernel call computes each part's rows with its own kind's kernel into its
-    columns. `array` is the descriptor kernels.c reads; the parts keep their blocks alive."""
+    """A projection stacked along `out` from parts, each the file's own tensor where it lies (q | k |
+    v, gate | up: nothing concatenated) and of its own kind (a Q4_K_M file's v in Q6_K beside q and k
+    in Q4_K): one kernel call computes each part's rows with its own kind's kernel into its columns.
+    cols[i] (int32 [rows of part i], or None) is the column among part i's own that each of its rows
+    goes to: a Llama's Q and K, stored by llama.cpp in another row order than the model's, run as
+    stored. `array` is the descriptor kernels.c reads; the parts (and cols) stay alive here."""
 
-    __slots__ = ("parts",)
+    __slots__ = ("parts", "cols")
 
-    def __init__(self, parts: list[BlockMatrix]) -> None:
+    def __init__(self, parts: list[BlockMatrix], cols: list[np.ndarray | None] | None = None) -> None:
         if not 1 <= len(parts) <= MAX_PARTS or any(p.code == STACKED_CODE for p in parts):
             raise ValueError(f"StackedBlocks takes 1-{MAX_PARTS} single-kind parts, not {len(parts)}")
+        cols = list(cols) if cols is not None else [None] * len(parts)
+        self.cols = [None if c is None else np.ascontiguousarray(c, dtype=np.int32) for c in cols]
+        for part, col in zip(parts, self.cols):
+            if col is not None and (col.shape != (part.out,) or not np.array_equal(np.sort(col), np.arange(part.out))):
+                raise ValueError("StackedBlocks: a part's cols must be a permutation of its rows")
         self.parts = parts
         desc = _StackedWeight(len(parts))
-        for i, part in enumerate(parts):
+        for i, (part, col) in enumerate(zip(parts, self.cols)):
             desc.kinds[i], desc.blocks[i], desc.rows[i] = part.code, part.pointer, part.out
+            desc.cols[i] = None if col is None else col.ctypes.data
         self.array = desc
         self.code, self.pointer, self.out = STACKED_CODE, ctypes.addressof(desc), sum(p.out for p in parts)
 
     @property
     def nbytes(self) -> int:
         return sum(int(p.array.nbytes) for p in self.parts)
+
+    @property
+    def drafts_int16(self) -> bool:
+        """Whether some part runs an int16-activation kernel in matmul_int16."""
+        return any(p.drafts_int16 for p in self.parts)
 
 
 def block_matmul(kind: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,7 @@ static inline v8f s8_to_f(const int8_t *p) {
 #endif
 static inline v8f vmax(v8f a, v8f b) { v8i gt = a > b; return (v8f)((gt & (v8i)a) | (~gt & (v8i)b)); }
 
-int triforce_kernels_version(void) { return 9; }
+int triforce_kernels_version(void) { return 10; }
 
 /* ------------------------------------------------------------------ weights: GGUF blocks
  * The weight is the file's own blocks, [out, nb] blocks of 32 weights of one row:
@@ -279,15 +279,19 @@ typedef int8_t v32s8 __attribute__((vector_size(32)));
 #define KIND_Q6_K 14
 #define KIND_Q5_0 20
 #define KIND_Q5_1 21
+#define KIND_Q4_0_STORED 22  /* Q4_0 and Q4_1 as in the file, not repacked (kind 6): a large model's */
+#define KIND_Q4_1_STORED 23
 #define KIND_STACKED 1
 
-static inline int is_stored_kind(int kind) { return kind >= KIND_Q4_K && kind <= KIND_Q5_1; }
+static inline int is_stored_kind(int kind) { return kind >= KIND_Q4_K && kind <= KIND_Q4_1_STORED; }
 static inline int64_t stored_block_bytes(int kind) {
     switch (kind) {
     case KIND_Q4_K: return 144;
     case KIND_Q5_K: return 176;
     case KIND_Q6_K: return 210;
     case KIND_Q5_0: return 22;
+    case KIND_Q4_0_STORED: return 18;
+    case KIND_Q4_1_STORED: return 20;
     default: return 24;  /* Q5_1 */
     }
 }
@@ -365,6 +369,21 @@ static inline v32u8 q5_codes(const uint8_t *qs, uint32_t qh) {
 #endif
 }
 
+/* Q4_0 / Q4_1 as stored: the 32 codes of a block, element i < 16 the low nibble of byte i, i + 16 its high one */
+static inline v32u8 q4_codes(const uint8_t *qs) {
+#ifdef __AVX2__
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0F);
+    return (v32u8)_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+#else
+    v32u8 q;
+    for (int i = 0; i < 16; i++) {
+        q[i] = (uint8_t)(qs[i] & 15);
+        q[i + 16] = (uint8_t)(qs[i] >> 4);
+    }
+    return q;
+#endif
+}
+
 /* Rows [o, o + nr) times tokens [t0, t0 + nt) of a stored kind, y row stride ys. Per row and token
  * two 8-lane accumulators (even and odd quarters of every 32 weights), over the weights in order,
  * summed at the end in a fixed order: the same operations for a token whatever nr, nt or the other
@@ -389,7 +408,7 @@ static inline __attribute__((always_inline)) void tile_stored(int kind, const ui
                 if (kind == KIND_Q5_K) qh = load32u8(blk + 16);
             } else {
                 d[0] = half_to_float(blk);
-                m[0] = kind == KIND_Q5_0 ? -16.0f * d[0] : half_to_float(blk + 2);
+                m[0] = kind == KIND_Q5_0 ? -16.0f * d[0] : kind == KIND_Q4_0_STORED ? -8.0f * d[0] : half_to_float(blk + 2);
             }
             #pragma GCC unroll 8
             for (int j = 0; j < subs; j++) {
@@ -404,6 +423,8 @@ static inline __attribute__((always_inline)) void tile_stored(int kind, const ui
                     const v32u8 lo = (load32u8(blk + 64 * h + 32 * (k % 2)) >> (4 * (k / 2))) & 15;
                     const v32u8 hi = (load32u8(blk + 128 + 32 * h) >> (2 * k)) & 3;
                     widen32_s8((v32s8)(lo | (hi << 4)) - 32, d[2 * j], d[2 * j + 1], w);
+                } else if (kind == KIND_Q4_0_STORED || kind == KIND_Q4_1_STORED) {
+                    widen32_u8(q4_codes(blk + (kind == KIND_Q4_0_STORED ? 2 : 4)), d[0], m[0], w);
                 } else {
                     const int off = kind == KIND_Q5_0 ? 2 : 4;
                     uint32_t bits;
@@ -482,35 +503,57 @@ static void block_matmul_into(int kind, const uint8_t *blocks, int64_t out, int6
         case KIND_Q5_K: matmul_rows(KIND_Q5_K, blocks, out, in, x, T, y, ys, o); break;
         case KIND_Q6_K: matmul_rows(KIND_Q6_K, blocks, out, in, x, T, y, ys, o); break;
         case KIND_Q5_0: matmul_rows(KIND_Q5_0, blocks, out, in, x, T, y, ys, o); break;
+        case KIND_Q4_0_STORED: matmul_rows(KIND_Q4_0_STORED, blocks, out, in, x, T, y, ys, o); break;
+        case KIND_Q4_1_STORED: matmul_rows(KIND_Q4_1_STORED, blocks, out, in, x, T, y, ys, o); break;
         default: matmul_rows(KIND_Q5_1, blocks, out, in, x, T, y, ys, o); break;
         }
     }
 }
 
-/* A projection stacked from parts of different kinds along `out` (q | k | v where v is another kind,
- * as Q4_K_M files store it): each part's rows computed by its own kind's kernel into its columns. */
+/* A projection stacked from parts along `out` (q | k | v, gate | up), each part the file's own tensor
+ * where it lies (a view of the mapped file: nothing is concatenated or copied), of its own kind (a
+ * Q4_K_M file's v is Q6_K where q and k are Q4_K): each part's rows computed by its own kind's kernel
+ * into its columns. cols[p], where not NULL, is where each of the part's rows goes among the part's
+ * columns (the row order llama.cpp stores a Llama's Q and K in is not the model's): its row r is
+ * computed as any row is, then written to column cols[p][r]. */
 typedef struct {
     int64_t parts;
     int64_t kinds[4];
     const uint8_t *blocks[4];
     int64_t rows[4];
+    const int32_t *cols[4];
 } StackedWeight;
+
+/* y[t, cols[r]] = part[t, r] for a part [T, rows] computed apart, y row stride ys */
+static void scatter_columns(const float *part, int64_t rows, int64_t T, const int32_t *cols, float *y, int64_t ys) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t r = 0; r < rows; r++) y[t * ys + cols[r]] = part[t * rows + r];
+}
 
 /* kind: 6 (Q4_0 or Q4_1 repacked), 8 (Q8_0), a stored kind (12 Q4_K, 13 Q5_K, 14 Q6_K, 20 Q5_0,
  * 21 Q5_1), or 1: `blocks` is a StackedWeight of parts of those kinds whose rows add up to `out`.
- * x [T, in] float32 -> y [T, out] float32. */
-void triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t in,
-                           const float *x, int64_t T, float *y, int threads) {
+ * x [T, in] float32 -> y [T, out] float32. Returns 0, or -2 where memory ran out. */
+int triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t in,
+                          const float *x, int64_t T, float *y, int threads) {
     if (kind != KIND_STACKED) {
         block_matmul_into(kind, blocks, out, in, x, T, y, out, threads);
-        return;
+        return 0;
     }
     const StackedWeight *w = (const StackedWeight *)(const void *)blocks;
     int64_t first = 0;
     for (int64_t p = 0; p < w->parts; p++) {
-        block_matmul_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, y + first, out, threads);
+        if (w->cols[p]) {
+            float *part = malloc(sizeof(float) * T * w->rows[p]);
+            if (!part) return -2;
+            block_matmul_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, part, w->rows[p], threads);
+            scatter_columns(part, w->rows[p], T, w->cols[p], y + first, out);
+            free(part);
+        } else {
+            block_matmul_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, y + first, out, threads);
+        }
         first += w->rows[p];
     }
+    return 0;
 }
 
 /* ------------------------------------------------------------------ int16 activations: a drafter's matmul
@@ -701,8 +744,17 @@ static inline void row_q16a(const uint8_t *row, int64_t nb, const ActGroup *q, i
 
 /* x [T, in] float32 @ W.T -> y [T, out], W repacked 4-bit blocks (kind 6) [out, row_bytes(6, in / 32)].
  * ActGroups of absent blocks (past nb in a row's last group) hold zeros, as do the weights loaded there. */
+static int q16a_into(const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T, float *y,
+                     int64_t ys, int threads);
+
 int triforce_block_matmul_q16a(const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
                                float *y, int threads) {
+    return q16a_into(blocks, out, in, x, T, y, out, threads);
+}
+
+/* triforce_block_matmul_q16a into y's columns [0, out), row stride ys */
+static int q16a_into(const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T, float *y,
+                     int64_t ys, int threads) {
     if (in % 32 || T < 1) return -1;
     const int64_t nb = in / 32, ng = (nb + GROUP_BLOCKS - 1) / GROUP_BLOCKS, rb = row_bytes(6, nb);
     ActGroup *q = malloc(sizeof(ActGroup) * ng * T);
@@ -714,17 +766,206 @@ int triforce_block_matmul_q16a(const uint8_t *blocks, int64_t out, int64_t in, c
         for (int64_t t0 = 0; t0 < T; t0 += 4) {
             const int nt = T - t0 < 4 ? (int)(T - t0) : 4;
             const ActGroup *qt = q + t0 * ng;
-            float *yt = y + t0 * out + o;
+            float *yt = y + t0 * ys + o;
             switch (nt) {  /* constant counts keep the accumulators in registers */
-            case 1: row_q16a(row, nb, qt, 1, yt, out); break;
-            case 2: row_q16a(row, nb, qt, 2, yt, out); break;
-            case 3: row_q16a(row, nb, qt, 3, yt, out); break;
-            default: row_q16a(row, nb, qt, 4, yt, out); break;
+            case 1: row_q16a(row, nb, qt, 1, yt, ys); break;
+            case 2: row_q16a(row, nb, qt, 2, yt, ys); break;
+            case 3: row_q16a(row, nb, qt, 3, yt, ys); break;
+            default: row_q16a(row, nb, qt, 4, yt, ys); break;
             }
         }
     }
     free(q);
     return 0;
+}
+
+/* ------------------------------------------------------------------ int16 activations on the stored kinds
+ * The drafter's matmul above for the kinds read as stored (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1), from the
+ * file's bytes: each row of x quantized per 32 elements to int16 as above (d_a, q_a in natural order),
+ * the weights' integer codes times q_a summed in int32 (vpmaddwd: pairs, then 8 lanes), and
+ *   Q4_K, Q5_K: y = sum over sub-blocks j of (d sc_j) d_a isum_j - (dmin m_j) d_a sum(q_a)
+ *   Q5_0, Q5_1: y = sum over blocks of d d_a isum + m d_a sum(q_a)     (Q5_0: m = -16 d)
+ *   Q6_K:       y = sum over 16-weight groups k of (d sc_k) d_a isum_k   (codes q - 32, signed)
+ * A 16-weight partial sum of 4- and 6-bit codes stays below 2^24 (its float conversion is exact); a
+ * 5-bit kind's 32-weight sum may round there, in the last bit. Within ~1e-5 of the float product, a
+ * row's value whatever the tokens beside it; NOT the target's arithmetic: only a drafting level uses it. */
+typedef struct {
+    int16_t q[32];  /* round(x / d_a), in element order */
+    float d, s;     /* d_a and d_a * sum(q) */
+} Act32;
+
+static void quantize32(const float *x, int64_t n32, Act32 *a) {
+    for (int64_t c = 0; c < n32; c++) {
+        const float *xc = x + 32 * c;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xc[j]));
+        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            long q = lrintf(xc[j] * inv);
+            q = q > 32767 ? 32767 : q < -32767 ? -32767 : q;
+            sum += (int)q;
+            a[c].q[j] = (int16_t)q;
+        }
+        a[c].d = amax / 32767.0f;
+        a[c].s = a[c].d * (float)sum;
+    }
+}
+
+/* acc += (codes 0-15 . q_a 0-15) s0 + (codes 16-31 . q_a 16-31) s1, codes signed bytes; the two int32
+ * halves added first where s0 == s1 (`same`, a constant per kind) */
+static inline v8f dot32(v32s8 codes, const int16_t *qa, float s0, float s1, int same, v8f acc) {
+    v8i lo, hi;
+#ifdef __AVX2__
+    const __m256i c = (__m256i)codes;
+    lo = (v8i)_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(c)), _mm256_loadu_si256((const __m256i *)qa));
+    hi = (v8i)_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(c, 1)),
+                                _mm256_loadu_si256((const __m256i *)(qa + 16)));
+#else
+    for (int i = 0; i < 8; i++) {
+        lo[i] = codes[2 * i] * qa[2 * i] + codes[2 * i + 1] * qa[2 * i + 1];
+        hi[i] = codes[16 + 2 * i] * qa[16 + 2 * i] + codes[17 + 2 * i] * qa[17 + 2 * i];
+    }
+#endif
+    if (same) return fmadd8(__builtin_convertvector(lo + hi, v8f), splat(s0), acc);
+    acc = fmadd8(__builtin_convertvector(lo, v8f), splat(s0), acc);
+    return fmadd8(__builtin_convertvector(hi, v8f), splat(s1), acc);
+}
+
+/* One row of a stored kind times nt tokens' quantized activations (n32 chunks of 32 a token) */
+static inline __attribute__((always_inline)) void row_stored_q16a(int kind, const uint8_t *row, int64_t nblk,
+                                                                  const Act32 *a, int64_t n32, int nt,
+                                                                  float *y, int64_t ys) {
+    const int64_t bb = stored_block_bytes(kind);
+    const int subs = (int)(stored_block_weights(kind) / 32);
+    v8f acc[4];
+    float off[4];
+    for (int t = 0; t < nt; t++) {
+        acc[t] = splat(0.0f);
+        off[t] = 0.0f;
+    }
+    for (int64_t s = 0; s < nblk; s++) {
+        const uint8_t *blk = row + s * bb;
+        float d[16], m[8] = {0};
+        v32u8 qh = {0};
+        if (kind == KIND_Q6_K) {
+            const float dd = half_to_float(blk + 208);
+            for (int j = 0; j < 16; j++) d[j] = dd * (float)(int8_t)blk[192 + j];
+        } else if (kind == KIND_Q4_K || kind == KIND_Q5_K) {
+            k_scales(blk, d, m);
+            if (kind == KIND_Q5_K) qh = load32u8(blk + 16);
+        } else {
+            d[0] = half_to_float(blk);
+            m[0] = kind == KIND_Q5_0 ? -16.0f * d[0] : kind == KIND_Q4_0_STORED ? -8.0f * d[0] : half_to_float(blk + 2);
+        }
+        #pragma GCC unroll 8
+        for (int j = 0; j < subs; j++) {
+            v32s8 codes;
+            float s0, s1, mj;
+            if (kind == KIND_Q6_K) {
+                const int h = j / 4, k = j % 4;
+                const v32u8 lo = (load32u8(blk + 64 * h + 32 * (k % 2)) >> (4 * (k / 2))) & 15;
+                const v32u8 hi = (load32u8(blk + 128 + 32 * h) >> (2 * k)) & 3;
+                codes = (v32s8)(lo | (hi << 4)) - 32;
+                s0 = d[2 * j], s1 = d[2 * j + 1], mj = 0.0f;
+            } else {
+                if (kind == KIND_Q4_K) {
+                    codes = (v32s8)((load32u8(blk + 16 + 32 * (j / 2)) >> (4 * (j % 2))) & 15);
+                } else if (kind == KIND_Q5_K) {
+                    codes = (v32s8)(((load32u8(blk + 48 + 32 * (j / 2)) >> (4 * (j % 2))) & 15) | (((qh >> j) & 1) << 4));
+                } else if (kind == KIND_Q4_0_STORED || kind == KIND_Q4_1_STORED) {
+                    codes = (v32s8)q4_codes(blk + (kind == KIND_Q4_0_STORED ? 2 : 4));
+                } else {
+                    const int at = kind == KIND_Q5_0 ? 2 : 4;
+                    uint32_t bits;
+                    memcpy(&bits, blk + at, 4);
+                    codes = (v32s8)q5_codes(blk + at + 4, bits);
+                }
+                s0 = s1 = d[j], mj = m[j];
+            }
+            for (int t = 0; t < nt; t++) {
+                const Act32 *q = a + t * n32 + s * subs + j;
+                acc[t] = dot32(codes, q->q, s0 * q->d, s1 * q->d, kind != KIND_Q6_K, acc[t]);
+                off[t] += mj * q->s;
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) y[t * ys] = hsum8(acc[t]) + off[t];
+}
+
+static inline __attribute__((always_inline)) void rows_stored_q16a(int kind, const uint8_t *blocks, int64_t o,
+                                                                   int64_t in, const Act32 *a, int64_t T,
+                                                                   float *y, int64_t ys) {
+    const int64_t nblk = in / stored_block_weights(kind), n32 = in / 32;
+    const uint8_t *row = blocks + o * nblk * stored_block_bytes(kind);
+    for (int64_t t0 = 0; t0 < T; t0 += 4) {
+        const int nt = T - t0 < 4 ? (int)(T - t0) : 4;
+        const Act32 *at = a + t0 * n32;
+        float *yt = y + t0 * ys + o;
+        switch (nt) {  /* constant counts keep the accumulators in registers */
+        case 1: row_stored_q16a(kind, row, nblk, at, n32, 1, yt, ys); break;
+        case 2: row_stored_q16a(kind, row, nblk, at, n32, 2, yt, ys); break;
+        case 3: row_stored_q16a(kind, row, nblk, at, n32, 3, yt, ys); break;
+        default: row_stored_q16a(kind, row, nblk, at, n32, 4, yt, ys); break;
+        }
+    }
+}
+
+static int stored_q16a_into(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
+                            float *y, int64_t ys, int threads) {
+    if (in % stored_block_weights(kind) || T < 1) return -1;
+    const int64_t n32 = in / 32;
+    Act32 *a = malloc(sizeof(Act32) * n32 * T);
+    if (!a) return -2;
+    for (int64_t t = 0; t < T; t++) quantize32(x + t * in, n32, a + t * n32);
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t o = 0; o < out; o++) {
+        switch (kind) {  /* an instance per kind: no branching on it per block */
+        case KIND_Q4_K: rows_stored_q16a(KIND_Q4_K, blocks, o, in, a, T, y, ys); break;
+        case KIND_Q5_K: rows_stored_q16a(KIND_Q5_K, blocks, o, in, a, T, y, ys); break;
+        case KIND_Q6_K: rows_stored_q16a(KIND_Q6_K, blocks, o, in, a, T, y, ys); break;
+        case KIND_Q5_0: rows_stored_q16a(KIND_Q5_0, blocks, o, in, a, T, y, ys); break;
+        case KIND_Q4_0_STORED: rows_stored_q16a(KIND_Q4_0_STORED, blocks, o, in, a, T, y, ys); break;
+        case KIND_Q4_1_STORED: rows_stored_q16a(KIND_Q4_1_STORED, blocks, o, in, a, T, y, ys); break;
+        default: rows_stored_q16a(KIND_Q5_1, blocks, o, in, a, T, y, ys); break;
+        }
+    }
+    free(a);
+    return 0;
+}
+
+/* A drafting level's matmul of one weight of one kind into y's columns [0, out), row stride ys: the
+ * int16-activation kernels where the kind has one (the repacked 4-bit kind, the stored kinds), else
+ * the float kernel (Q8_0) */
+static int draft_into(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
+                      float *y, int64_t ys, int threads) {
+    if (kind == 6) return q16a_into(blocks, out, in, x, T, y, ys, threads);
+    if (is_stored_kind(kind)) return stored_q16a_into(kind, blocks, out, in, x, T, y, ys, threads);
+    block_matmul_into(kind, blocks, out, in, x, T, y, ys, threads);
+    return 0;
+}
+
+/* triforce_block_matmul for a drafting level (L1): the same operands (any kind, or 1: a StackedWeight),
+ * each weight or part through draft_into. Returns 0, or a kernel's error code. */
+int triforce_block_matmul_draft(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
+                                float *y, int threads) {
+    if (kind != KIND_STACKED) return draft_into(kind, blocks, out, in, x, T, y, out, threads);
+    const StackedWeight *w = (const StackedWeight *)(const void *)blocks;
+    int64_t first = 0;
+    int rc = 0;
+    for (int64_t p = 0; p < w->parts && !rc; p++) {
+        if (w->cols[p]) {
+            float *part = malloc(sizeof(float) * T * w->rows[p]);
+            if (!part) return -2;
+            rc = draft_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, part, w->rows[p], threads);
+            if (!rc) scatter_columns(part, w->rows[p], T, w->cols[p], y + first, out);
+            free(part);
+        } else {
+            rc = draft_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, y + first, out, threads);
+        }
+        first += w->rows[p];
+    }
+    return rc;
 }
 
 /* ------------------------------------------------------------------ attention
@@ -1152,9 +1393,9 @@ void triforce_silu_mul(const float *gu, int64_t T, int64_t I, float *out) {
  *   h = rms_norm(x); [q | k | v] = h Wqkv^T; q, k = rope(q), rope(k); K/V written at `start`;
  *   x += attention(q, K, V) Wo^T; h = rms_norm(x); x += silu_mul(h Wgate_up^T) Wdown^T.
  * The same kernels in the same order as the Python path, so the bits are the same (K/V stored as
- * float16 round to nearest even, as torch's copy does). Weights: the repacked 4-bit kind (6) or Q8_0
- * (8) through the float kernel; with `draft` (a drafting level: L1) the 4-bit kind through the
- * int16-activation matmul, as matmul_draft does.
+ * float16 round to nearest even, as torch's copy does). Weights: any kind triforce_block_matmul
+ * takes (a stacked q|k|v included); with `draft` (a drafting level: L1) through
+ * triforce_block_matmul_draft, as matmul_draft does.
  * x [T, H] is updated in place; cos/sin [T, D]; keys/values [Hkv, cap, D] (float16 when `half`);
  * scratch holds at least triforce_layer_scratch(...) floats. Returns 0, or a kernel's error code. */
 static inline uint16_t float_to_half(float f) {
@@ -1185,9 +1426,8 @@ void triforce_to_half(const float *x, int64_t n, uint16_t *out) {
 
 static int layer_matmul(int draft, int kind, const uint8_t *w, int64_t out, int64_t in, const float *x, int64_t T,
                         float *y, int threads) {
-    if (draft && kind == 6) return triforce_block_matmul_q16a(w, out, in, x, T, y, threads);
-    triforce_block_matmul(kind, w, out, in, x, T, y, threads);
-    return 0;
+    return draft ? triforce_block_matmul_draft(kind, w, out, in, x, T, y, threads)
+                 : triforce_block_matmul(kind, w, out, in, x, T, y, threads);
 }
 
 int64_t triforce_layer_scratch(int64_t T, int64_t H, int64_t n_heads, int64_t n_kv, int64_t D, int64_t I) {
