@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.decoding.acceptance import penalty_counts, verify
+from engine.decoding.auto import AutoPolicy
 from engine.decoding.drafters import Draft, Drafter, NgramDrafter, NoDrafter, RetrievalDrafter, l0_draft
 from engine.decoding.lookup_replay import LOOKUP_TOKENS, kept_whole, lookup_outcome, rule_length
 from engine.decoding.measurements import StepCosts
-from engine.decoding.policy import Policy
+from engine.decoding.policy import Policy as LegacyPolicy
 from engine.decoding.structure import Structure
 from engine.events import Level, LevelStats
 from engine.kv.full import FullCache
@@ -79,7 +80,8 @@ class HierarchicalDecoder:
         # across cycles, as its slice of the head is rebuilt only when the subset grows
         self.l1_vocab = DraftVocabulary.for_runner(runner)
         self.stats = DecodeStats()
-        self.policy = Policy()
+        self.auto_policy = AutoPolicy()
+        self.legacy_policy = LegacyPolicy()  # mode auto-legacy: the previous policy, for side-by-side runs
         self.structure: Structure | None = None  # what the last cycle ran
         self._prompt_query: list[torch.Tensor] | None = None
         self._recent_l2 = deque(maxlen=8)  # per-verification acceptance rates at L2 of L1's drafts
@@ -93,6 +95,19 @@ class HierarchicalDecoder:
         self.answer_start: int | None = None  # seq[answer_start:] is the answer (the repetition penalty counts it)
         self._shadows: list[tuple[int, list[int], int]] = []  # open shadow drafts: (start, tokens, matched so far)
         self._kept_whole = False  # the last cycle was draft-only and kept its whole draft
+
+    @property
+    def _legacy(self) -> bool:
+        return Mode.of(self.settings.mode) is Mode.AUTO_LEGACY
+
+    @property
+    def policy(self) -> AutoPolicy | LegacyPolicy:
+        """The policy in force: auto-legacy's under that mode, else auto's (mode auto, or settings.auto)."""
+        return self.legacy_policy if self._legacy else self.auto_policy
+
+    def _policy_settings(self) -> DecodeSettings:
+        """The settings the policy reads (the legacy policy knows its mode as auto)."""
+        return self.settings.replace(mode="auto") if self._legacy else self.settings
 
     # --- retrieval cache management ------------------------------------------------------------
     def budget(self) -> int:
@@ -108,21 +123,30 @@ class HierarchicalDecoder:
         self._prompt_query = prompt_query
         self._recent_l2.clear()
         self.answer_start = self.full.length  # the cache holds the prompt: the answer starts after it
-        self._close_shadows()  # (the last answer's: its tokens are all known by now)
         self._kept_whole = False
-        self.policy.lookups.close()
         self.policy.new_turn()
+        if not self._legacy:
+            self._budget = None
+            mode = Mode.of(self.settings.mode)
+            if mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY) or (mode is Mode.AUTO and self.auto_policy.wants_l1(
+                    self.settings, self.full.length, self.budget())):
+                self.rebuild()  # with the prompt, as a fixed L1 mode does
+            else:
+                self._stale = True
+            return
+        self._close_shadows()  # (the last answer's: its tokens are all known by now)
+        self.policy.lookups.close()
         if self._policy_learns():  # each turn: the budget from what the last turns measured
             current = self.budget()
             fits = self.full.length // self.settings.chunk * self.settings.chunk
-            self._budget = min(self.policy.choose_budget(self.settings, current, self.full.length), fits)
+            self._budget = min(self.policy.choose_budget(self._policy_settings(), current, self.full.length), fits)
             if self._budget < 2 * self.settings.chunk:
                 self._budget = None
         else:
             self._budget = None
         mode, last = Mode.of(self.settings.mode), self.policy.running
-        auto_l1 = mode is Mode.AUTO and ((last is not None and last.mode.uses_l1) or self.policy.l1_ahead(
-            self.settings, not isinstance(self.drafter, NoDrafter), self.full.length, self.budget()))
+        auto_l1 = mode is Mode.AUTO_LEGACY and ((last is not None and last.mode.uses_l1) or self.policy.l1_ahead(
+            self._policy_settings(), not isinstance(self.drafter, NoDrafter), self.full.length, self.budget()))
         if mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY) or auto_l1:
             started = time.perf_counter()
             self.rebuild()  # with the prompt, as a fixed mode does (auto: it ran L1 last or expects to)
@@ -176,7 +200,7 @@ class HierarchicalDecoder:
     def _choose(self, seq: list[int]) -> Structure:
         has_l0 = not isinstance(self.drafter, NoDrafter)
         left = None if self.answer_start is None else self.settings.max_new_tokens - (len(seq) - self.answer_start)
-        st = self.policy.choose(self.settings, has_l0, len(seq), self.budget(), remaining=left)
+        st = self.policy.choose(self._policy_settings(), has_l0, len(seq), self.budget(), remaining=left)
         if len(seq) + st.speculation_tokens() > self.full.capacity:  # the last tokens of a full cache
             st = Structure(Mode.AR)
         if self.structure is not None and st.mode is not self.structure.mode:
@@ -208,7 +232,7 @@ class HierarchicalDecoder:
                 self._recent_l2.append(accepted / len(draft.tokens))
             self._since_rebuild += len(out)
         if self._policy_learns():
-            if self._setup_s:
+            if self._setup_s and self._legacy:
                 self.policy.l1_setup(self._setup_s)
             self.policy.realized(st, time.perf_counter() - started - lookup - self._setup_s, len(out),
                                  checked=len(draft.tokens) + 1, forwards=self._forwards)
@@ -216,7 +240,7 @@ class HierarchicalDecoder:
             vocab = self.l1_vocab
             if vocab is not None and vocab.active:  # the tokens L1 could not have proposed, whatever ran
                 self.policy.observe_novel(vocab.note(seq, emitted), len(emitted))
-            if self.settings.mode == Mode.AUTO:
+            if self._legacy:
                 self._learn_lookups(seq, emitted, boundary)
         return out
 
@@ -303,7 +327,7 @@ class HierarchicalDecoder:
     # the policy learns only from cycles it chose (mode auto, or settings.auto), so a fixed mode run
     # before it (the bench's other methods) teaches it nothing
     def _policy_learns(self) -> bool:
-        return self.settings.auto or self.settings.mode == Mode.AUTO
+        return self.settings.auto or Mode.of(self.settings.mode).chosen_online
 
     def set_up(self, seconds: float) -> None:
         """L1 spent `seconds` this cycle on a one-off for a new prompt (its vocabulary subset's first
@@ -315,7 +339,10 @@ class HierarchicalDecoder:
         self.stats.times.record(level, tokens, seconds)
         self._forwards.append((level, tokens))
         if self._policy_learns():
-            self.policy.costs.record(level, tokens, seconds)
+            if self._legacy:
+                self.policy.costs.record(level, tokens, seconds)
+            else:
+                self.policy.timed(level, tokens, seconds)
 
     def checked(self, boundary: str, proposed: int, accepted: int, vocab_miss: bool = False) -> None:
         """A verification at `boundary` ("l0_l1", "l1_l2", "l0_l2") accepted `accepted` of `proposed`.

@@ -1,0 +1,117 @@
+"""`AutoPolicy`: the structure and draft lengths of each verification cycle, composed of a cost model
+(what each structure costs per token), a schedule (what runs when) and one draft-length rule."""
+from __future__ import annotations
+
+import dataclasses
+
+from engine.decoding.auto.cost_model import CostModel
+from engine.decoding.auto.schedule import Schedule
+from engine.decoding.structure import Structure
+from engine.events import CandidateCost
+from engine.settings import MAX_DRAFT, DecodeSettings, Mode
+
+L1_MAX_SHARE = 0.5  # L1 reads L2's weights: a retrieval cache over half the context saves too few bytes to pay
+
+# which boundary's checks set which draft length of a mode
+LENGTH_OF = {(Mode.DRAFT_ONLY, "l0_l2"): "gamma1", (Mode.TRIFORCE, "l0_l1"): "gamma1",
+             (Mode.RETRIEVAL_ONLY, "l1_l2"): "gamma2", (Mode.TRIFORCE, "l1_l2"): "gamma2"}
+
+
+def next_length(length: int, proposed: int, accepted: int) -> int:
+    """transformers' assistant rule: 2 tokens longer after a draft accepted whole, 1 shorter otherwise."""
+    if proposed <= 0:
+        return length
+    return min(MAX_DRAFT, length + 2) if accepted >= proposed else max(1, length - 1)
+
+
+class AutoPolicy:
+    """Chooses the structure of the next cycle. Every cycle's output is an exact sample whichever
+    structure ran it, so a switch between cycles never changes what is generated."""
+
+    def __init__(self) -> None:
+        self.model = CostModel()
+        self.schedule = Schedule()
+        self.lengths: dict[Mode, Structure] = {}  # each mode at its current draft lengths
+        self.current: Structure | None = None
+        self.candidates: tuple[CandidateCost, ...] = ()
+        self.forced: list[Structure] | None = None  # tests: a script of structures, one per cycle, repeated
+
+    @property
+    def running(self) -> Structure | None:
+        """The structure that runs between probes (the schedule's incumbent at its draft lengths)."""
+        mode = self.schedule.incumbent
+        return None if mode is None else self.lengths.get(mode)
+
+    def new_turn(self) -> None:
+        """A new prompt may change which structure wins: refreshes start over at their first wait
+        (acceptance and costs carry over: the same model and machine)."""
+        self.schedule.new_turn()
+
+    def wants_l1(self, settings: DecodeSettings, context_tokens: int, budget: int) -> bool:
+        """Build the retrieval cache with the prompt, before the first token (as a fixed L1 mode
+        does)? Where an L1 structure may run and is running or not yet explored."""
+        if not self._l1_allowed(context_tokens, budget):
+            return False
+        running, explored = self.running, self.schedule.last_run
+        return (running is not None and running.mode.uses_l1) or not all(
+            m in explored for m in (Mode.RETRIEVAL_ONLY, Mode.TRIFORCE))
+
+    @staticmethod
+    def _l1_allowed(context_tokens: int, budget: int) -> bool:
+        return min(budget, context_tokens) < L1_MAX_SHARE * context_tokens
+
+    def modes(self, settings: DecodeSettings, has_l0: bool, context_tokens: int, budget: int) -> list[Mode]:
+        """The modes auto may run: with L0 only given a drafter, with L1 only where it can pay;
+        a fixed mode with `settings.auto`: that one, its draft lengths tuned."""
+        mode = Mode.of(settings.mode)
+        if not mode.chosen_online:
+            return [mode]
+        l1 = self._l1_allowed(context_tokens, budget)
+        return [m for m in (Mode.AR, Mode.DRAFT_ONLY, Mode.RETRIEVAL_ONLY, Mode.TRIFORCE)
+                if (has_l0 or not m.uses_l0) and (l1 or not m.uses_l1)]
+
+    def choose(self, settings: DecodeSettings, has_l0: bool, context_tokens: int,
+               budget: int | None = None, remaining: int | None = None) -> Structure:
+        """The structure for the next cycle (`settings.mode` fixed and not settings.auto: that mode)."""
+        if self.forced:
+            chosen = self.forced.pop(0)
+            self.forced.append(chosen)
+            return self._ran(chosen)
+        if not Mode.of(settings.mode).chosen_online and not settings.auto:
+            return Structure(Mode.of(settings.mode), settings.gamma1, settings.gamma2)
+        modes = self.modes(settings, has_l0, context_tokens, budget or settings.budget)
+        for m in modes:
+            self.lengths.setdefault(m, Structure(m, settings.gamma1, settings.gamma2))
+        prices = {m: self.model.price(self.lengths[m]) for m in modes}
+        self.candidates = tuple(CandidateCost(self.lengths[m].label, p * 1000.0, m in self.schedule.last_run)
+                                for m, p in prices.items() if p is not None)
+        return self._ran(self.lengths[self.schedule.next(prices)])
+
+    def _ran(self, chosen: Structure) -> Structure:
+        self.current = chosen
+        return chosen
+
+    # --- what the decoder reports ------------------------------------------------------------
+    def timed(self, level: str, tokens: int, seconds: float) -> None:
+        """A forward at `level` ("l0": a whole proposal) that checked `tokens` took `seconds`."""
+        self.model.times.record(level, tokens, seconds)
+
+    def observe(self, boundary: str, proposed: int, accepted: int) -> None:
+        """A check at `boundary` accepted `accepted` of `proposed` drafted tokens; the running
+        structure's draft length at that boundary follows the +2/-1 rule. A draft shorter than asked
+        (an n-gram lookup that found fewer tokens) counts as rejected where it stopped: the model
+        prices yield per length asked."""
+        s = self.current
+        field = LENGTH_OF.get((s.mode, boundary)) if s is not None else None
+        asked = getattr(s, field) if field is not None and boundary.startswith("l0") else proposed
+        self.model.observe(boundary, max(proposed, asked), accepted)
+        if field is not None and s.mode in self.lengths:
+            length = next_length(getattr(s, field), proposed, accepted)
+            self.lengths[s.mode] = self.current = dataclasses.replace(s, **{field: length})
+
+    def realized(self, s: Structure, seconds: float, tokens: int, **_) -> None:
+        """A cycle of `s` took `seconds` of wall time and yielded `tokens`."""
+        self.model.realized(s, seconds)
+
+    def observe_novel(self, novel: int, emitted: int) -> None:
+        """(Tokens new to L1's vocabulary subset: priced through the realized ratio, not apart.)"""
