@@ -4,10 +4,12 @@ per boundary and draft depth (`Acceptance`), and the price of every structure bu
 really took."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import deque
 
 from engine.decoding.structure import Structure
+from engine.settings import MAX_DRAFT as DEPTHS  # draft depths kept apart: the longest draft
 from engine.settings import Mode
 
 TIMING_WINDOW = 5  # a forward size is priced at the median of its last 5 timings: one spike moves nothing
@@ -17,7 +19,6 @@ PRIOR_WEIGHT = 2.0  # a draft depth's rate counts 2 pseudo-checks at the depth a
 ACCEPTANCE_DECAY = 0.98  # per verification: acceptance remembers ~50 checks, two or three answers
 REALIZED_DECAY = 0.9  # per cycle of a mode: its wall-time correction remembers ~10 of its cycles
 SPIKE_CLIP = 2.0  # a cycle's wall time counts at most 2x its modelled forwards (load only adds time)
-DEPTHS = 16  # draft depths kept apart (settings.MAX_DRAFT)
 
 BOUNDARIES = ("l0_l1", "l1_l2", "l0_l2")
 
@@ -28,9 +29,11 @@ class StepTimes:
 
     def __init__(self) -> None:
         self._samples: dict[str, dict[int, deque]] = {"l0": {}, "l1": {}, "l2": {}}
+        self._rows: dict[str, dict[int, float]] = {}  # level -> size -> median, until the next record
 
     def record(self, level: str, tokens: int, seconds: float) -> None:
         self._samples[level].setdefault(tokens, deque(maxlen=TIMING_WINDOW)).append(seconds)
+        self._rows.pop(level, None)
 
     def measured(self, level: str) -> bool:
         return bool(self._samples[level])
@@ -38,7 +41,9 @@ class StepTimes:
     def estimate(self, level: str, tokens: int) -> float | None:
         """Seconds for a forward of `tokens` at `level`: its median if timed, else the least-squares
         line through the timed sizes (slope >= 0; one size: PRIOR_SLOPE), None if never timed."""
-        row = {n: statistics.median(s) for n, s in self._samples[level].items()}
+        row = self._rows.get(level)
+        if row is None:
+            row = self._rows[level] = {n: statistics.median(s) for n, s in self._samples[level].items()}
         if not row:
             return None
         if tokens in row:
@@ -128,6 +133,21 @@ class CostModel:
         per_forward = acc["l0_l1"].expected(s.gamma1)
         l1 = (t("l0", s.gamma1) or 0.0) + t("l1", s.gamma1 + 1)
         return s.gamma2 / per_forward * l1 + check, acc["l1_l2"].expected(s.gamma2)
+
+    def best_lengths(self, s: Structure) -> Structure:
+        """`s`'s mode at the draft lengths the model prices cheapest (triforce: g1 by L1's seconds per
+        drafted token, which g2 does not change, then g2)."""
+        if s.mode is Mode.AR:
+            return s
+        if s.mode is Mode.TRIFORCE and self.times.measured("l1"):
+            per_forward = self.acceptance["l0_l1"].expected
+            l1 = lambda g: ((self.times.estimate("l0", g) or 0.0) + self.times.estimate("l1", g + 1)) / per_forward(g)
+            s = dataclasses.replace(s, gamma1=min(range(1, DEPTHS + 1), key=l1))
+        field = "gamma1" if s.mode is Mode.DRAFT_ONLY else "gamma2"
+        options = [dataclasses.replace(s, **{field: g}) for g in range(1, DEPTHS + 1)]
+        priced = [(self.modelled(o), o) for o in options]
+        priced = [(p, o) for p, o in priced if p is not None]
+        return min(priced, key=lambda x: x[0])[1] if priced else s
 
     def modelled(self, s: Structure) -> float | None:
         """Seconds per token the forwards alone predict (no realized correction)."""

@@ -10,6 +10,7 @@ from engine.decoding.structure import Structure
 from engine.events import CandidateCost
 from engine.settings import MAX_DRAFT, DecodeSettings, Mode
 
+LENGTH_MARGIN = 0.9  # the +2/-1 rule's length gives way to the model's best only for a 10 % predicted gain
 L1_MAX_SHARE = 0.5  # L1 reads L2's weights: a retrieval cache over half the context saves too few bytes to pay
 
 # which boundary's checks set which draft length of a mode
@@ -18,10 +19,11 @@ LENGTH_OF = {(Mode.DRAFT_ONLY, "l0_l2"): "gamma1", (Mode.TRIFORCE, "l0_l1"): "ga
 
 
 def next_length(length: int, proposed: int, accepted: int) -> int:
-    """transformers' assistant rule: 2 tokens longer after a draft accepted whole, 1 shorter otherwise."""
-    if proposed <= 0:
-        return length
-    return min(MAX_DRAFT, length + 2) if accepted >= proposed else max(1, length - 1)
+    """transformers' assistant rule: 2 tokens longer after a draft of `length` accepted whole, 1 shorter
+    after a rejection; a shorter draft accepted whole (an n-gram lookup that found fewer) leaves it."""
+    if accepted < proposed:
+        return max(1, length - 1)
+    return min(MAX_DRAFT, length + 2) if proposed >= length else length
 
 
 class AutoPolicy:
@@ -81,7 +83,10 @@ class AutoPolicy:
             return Structure(Mode.of(settings.mode), settings.gamma1, settings.gamma2)
         modes = self.modes(settings, has_l0, context_tokens, budget or settings.budget)
         for m in modes:
-            self.lengths.setdefault(m, Structure(m, settings.gamma1, settings.gamma2))
+            rule = self.lengths.setdefault(m, Structure(m, settings.gamma1, settings.gamma2))
+            modelled = self.model.best_lengths(rule)  # the model's lengths where it prices them clearly cheaper
+            if modelled != rule and (self.model.price(modelled) or 0.0) < LENGTH_MARGIN * (self.model.price(rule) or 0.0):
+                self.lengths[m] = modelled
         prices = {m: self.model.price(self.lengths[m]) for m in modes}
         self.candidates = tuple(CandidateCost(self.lengths[m].label, p * 1000.0, m in self.schedule.last_run)
                                 for m, p in prices.items() if p is not None)
