@@ -311,9 +311,9 @@ def test_auto_scores_the_ngram_drafter_on_cycles_it_took_no_part_in(tiny, sample
     reference, _ = answer_tokens(ar, messages, doc)
     session = ChatSession(tiny, AUTO.replace(mode="auto-legacy", max_new_tokens=64), draft="ngram", capacity=2048)
     session.decoder.policy.forced = [Structure(Mode.AR)]
-    seen, learn = [], session.decoder._learn_lookups  # each ar cycle: (sequence before it, its tokens)
-    session.decoder._learn_lookups = lambda seq, emitted, boundary: (seen.append((list(seq), list(emitted))),
-                                                                     learn(seq, emitted, boundary))
+    lookups = session.decoder.legacy_lookups
+    seen, learn = [], lookups.learn  # each ar cycle: (sequence before it, its tokens)
+    lookups.learn = lambda seq, emitted, *rest: (seen.append((list(seq), list(emitted))), learn(seq, emitted, *rest))
     got, _ = answer_tokens(session, messages, doc)
     assert got == reference
     assert len(seen) >= 20 and all(len(emitted) == 1 for _, emitted in seen)  # one token per ar cycle
@@ -336,8 +336,8 @@ def test_auto_scores_the_ngram_drafter_on_cycles_it_took_no_part_in(tiny, sample
     acc = session.decoder.policy.acceptance["l0_l2"]
     assert acc.proposals == proposals - len(still_open) and acc.nonempty == nonempty - len(still_open) > 0
     assert (acc.accepted, acc.tested) == (accepted, tested)
-    assert [m for _, _, m in session.decoder._shadows] == still_open  # the last ones wait for more tokens
-    session.decoder._close_shadows()  # as the next prompt does: what matched so far counts
+    assert [m for _, _, m in lookups.shadows] == still_open  # the last ones wait for more tokens
+    lookups.close()  # as the next prompt does: what matched so far counts
     assert acc.accepted == accepted + sum(still_open) and acc.proposals == proposals
 
 
@@ -348,17 +348,18 @@ def test_a_shadow_draft_is_settled_by_the_tokens_of_later_cycles(tiny, monkeypat
     monkeypatch.setattr(measurements, "ACCEPTANCE_FORGET", 1.0)
     decoder = ChatSession(tiny, AUTO.replace(mode="auto-legacy"), draft="ngram", capacity=256).decoder
     acc = decoder.policy.acceptance["l0_l2"]
+    shadows = decoder.legacy_lookups
     prompt = [7] * 10
-    decoder._shadows = [(10, [1, 2, 3, 4], 0)]  # guesses for positions 10-13
-    decoder._settle_shadows(prompt + [1])  # an ar cycle confirms position 10
-    decoder._settle_shadows(prompt + [1, 2, 3])  # a longer cycle confirms 11 and 12
-    assert acc.tested == 0 and decoder._shadows == [(10, [1, 2, 3, 4], 3)]
-    decoder._settle_shadows(prompt + [1, 2, 3, 9])  # position 13 differs: 3 of 4 accepted
-    assert (acc.accepted, acc.tested, acc.proposals) == (3, 4, 1) and decoder._shadows == []
-    decoder._shadows = [(14, [5, 6], 0)]
-    decoder._settle_shadows(prompt + [1, 2, 3, 9, 5])
-    decoder._close_shadows()  # the answer ended after one confirmed token
-    assert (acc.accepted, acc.tested, acc.proposals) == (4, 5, 2) and decoder._shadows == []
+    shadows.shadows = [(10, [1, 2, 3, 4], 0)]  # guesses for positions 10-13
+    shadows.settle(prompt + [1])  # an ar cycle confirms position 10
+    shadows.settle(prompt + [1, 2, 3])  # a longer cycle confirms 11 and 12
+    assert acc.tested == 0 and shadows.shadows == [(10, [1, 2, 3, 4], 3)]
+    shadows.settle(prompt + [1, 2, 3, 9])  # position 13 differs: 3 of 4 accepted
+    assert (acc.accepted, acc.tested, acc.proposals) == (3, 4, 1) and shadows.shadows == []
+    shadows.shadows = [(14, [5, 6], 0)]
+    shadows.settle(prompt + [1, 2, 3, 9, 5])
+    shadows.close()  # the answer ended after one confirmed token
+    assert (acc.accepted, acc.tested, acc.proposals) == (4, 5, 2) and shadows.shadows == []
 
 
 def test_auto_reports_what_it_runs_and_weighs(tiny, sample_text):

@@ -18,8 +18,8 @@ import torch
 
 from engine.decoding.acceptance import penalty_counts, verify
 from engine.decoding.auto import AutoPolicy
-from engine.decoding.drafters import Draft, Drafter, NgramDrafter, NoDrafter, RetrievalDrafter, l0_draft
-from engine.decoding.lookup_replay import LOOKUP_TOKENS, kept_whole, lookup_outcome, rule_length
+from engine.decoding.drafters import Draft, Drafter, NoDrafter, RetrievalDrafter, l0_draft
+from engine.decoding.lookup_replay import ShadowLookups, kept_whole, rule_length
 from engine.decoding.measurements import StepCosts
 from engine.decoding.policy import Policy as LegacyPolicy
 from engine.decoding.structure import Structure
@@ -82,6 +82,7 @@ class HierarchicalDecoder:
         self.stats = DecodeStats()
         self.auto_policy = AutoPolicy()
         self.legacy_policy = LegacyPolicy()  # mode auto-legacy: the previous policy, for side-by-side runs
+        self.legacy_lookups = ShadowLookups(self.legacy_policy)  # ... and the n-gram lookups it learns from
         self.structure: Structure | None = None  # what the last cycle ran
         self._prompt_query: list[torch.Tensor] | None = None
         self._recent_l2 = deque(maxlen=8)  # per-verification acceptance rates at L2 of L1's drafts
@@ -93,7 +94,6 @@ class HierarchicalDecoder:
         self._budget: int | None = None  # the policy's retrieval budget (None: the settings')
         self.l1_verify = verify  # the acceptance rule at L1 (tests swap in a known-buggy variant)
         self.answer_start: int | None = None  # seq[answer_start:] is the answer (the repetition penalty counts it)
-        self._shadows: list[tuple[int, list[int], int]] = []  # open shadow drafts: (start, tokens, matched so far)
         self._kept_whole = False  # the last cycle was draft-only and kept its whole draft
 
     @property
@@ -134,8 +134,7 @@ class HierarchicalDecoder:
             else:
                 self._stale = True
             return
-        self._close_shadows()  # (the last answer's: its tokens are all known by now)
-        self.policy.lookups.close()
+        self.legacy_lookups.close()  # (the last answer's: its tokens are all known by now)
         if self._policy_learns():  # each turn: the budget from what the last turns measured
             current = self.budget()
             fits = self.full.length // self.settings.chunk * self.settings.chunk
@@ -241,78 +240,8 @@ class HierarchicalDecoder:
             if vocab is not None and vocab.active:  # the tokens L1 could not have proposed, whatever ran
                 self.policy.observe_novel(vocab.note(seq, emitted), len(emitted))
             if self._legacy:
-                self._learn_lookups(seq, emitted, boundary)
+                self.legacy_lookups.learn(seq, emitted, boundary, self.drafter, st.mode)
         return out
-
-    def _learn_lookups(self, seq: list[int], emitted: list[int], boundary: str) -> None:
-        """What the n-gram drafter would have proposed over this cycle's positions, for the policy
-        (_log_lookups, _shadow_l0, _settle_shadows), read off `seq` extended by `emitted` in place
-        and cut back after: a copy of the whole sequence per cycle cost ~0.1 ms at 8K."""
-        start = len(seq)
-        seq.extend(emitted)
-        try:
-            first = self._log_lookups(seq, start)
-            if first is not None and boundary != "l0_l2":
-                self._shadow_l0(start, first)
-            self._settle_shadows(seq)
-        finally:
-            del seq[start:]
-
-    SHADOW_TOKENS = 8  # tokens of a shadow lookup checked against what the target emits
-
-    def _shadow_l0(self, start: int, lookup: list[int]) -> None:
-        """Score an n-gram drafter against a cycle it took no part in, for free: what it would have
-        proposed from the sequence's first `start` tokens, checked against the tokens the target
-        emits from there on, in this cycle and the next ones (_settle_shadows). A deterministic draft is accepted exactly when
-        the target's own token equals it (under sampling with probability p(x), the chance that
-        the emitted sample is x), so its matched prefix is an unbiased draft-only acceptance sample.
-        (Checked against this cycle's tokens alone, an ar cycle could confirm one token of it only:
-        at continue 2K an answer stayed on ar for 30 cycles while copies that draft-only runs at
-        2-3 tokens a cycle went by.) draft-only's estimate then stays current while another
-        structure runs, and needs no exploration cycles of its own. The output is untouched: the
-        lookup draws nothing and comes after the cycle. `lookup`: what the n-gram drafter proposes
-        there, the lookup log's first entry of this cycle (_log_lookups)."""
-        tokens = lookup[:self.SHADOW_TOKENS]
-        if not tokens:
-            self.policy.observe("l0_l2", 0, 0)  # an empty lookup: counts against the hit rate
-            return
-        self._shadows.append((start, tokens, 0))  # tokens[i] guesses the token at start + i
-
-    def _settle_shadows(self, now: list[int]) -> None:
-        """The sequence is now `now`: settle each open shadow draft whose fate is known (a token
-        differs, or every token it offered is there); the others wait for the next cycle."""
-        open_ = []
-        for start, tokens, _ in self._shadows:  # made at an earlier cycle or this one
-            known, matched, settled = lookup_outcome(tokens, now, start)
-            if settled:
-                self.policy.observe("l0_l2", known, matched)
-            else:
-                open_.append((start, tokens, matched))
-        self._shadows = open_
-
-    def _log_lookups(self, known: list[int], start: int) -> list[int] | None:
-        """Ask the n-gram drafter what it would propose at each position this cycle covered (the
-        cycle's start, `start`, and each token it emitted but the last; `known`: the sequence with
-        them), for the policy's replay of draft-only
-        (engine/decoding/lookup_replay.py); settle the lookups the new tokens decide. In position
-        order, so the drafter's index only moves forward. Nothing is drawn: the output is untouched.
-        Returns the lookup at the cycle's start (the shadow draft's), None without an n-gram drafter."""
-        if not isinstance(self.drafter, NgramDrafter):
-            return None
-        log = self.policy.lookups
-        lookups = self.drafter.propose_each(known, start, LOOKUP_TOKENS)  # [tokens emitted] lists
-        emitted_by = self.structure.mode  # (set by this cycle's step)
-        for offset, tokens in enumerate(lookups):
-            log.add(start + offset, tokens, emitted_by)
-        log.settle(known)
-        return lookups[0] if lookups else None
-
-    def _close_shadows(self) -> None:
-        """The answer ended: what is still open matched every token it saw (at least one); count
-        those as accepted, the rest unknown."""
-        for _, _, matched in self._shadows:
-            self.policy.observe("l0_l2", matched, matched)
-        self._shadows = []
 
     def choice_metrics(self) -> dict:
         """Metrics fields saying what ran and, under auto, what the policy weighed."""
