@@ -12,7 +12,7 @@ from engine.decoding.structure import Structure
 from engine.settings import MAX_DRAFT as DEPTHS  # draft depths kept apart: the longest draft
 from engine.settings import Mode
 
-TIMING_WINDOW = 5  # a forward size is priced at the median of its last 5 timings: one spike moves nothing
+TIMING_WINDOW = 3  # a forward size is priced at the median of its last 3 timings: one spike moves nothing, two re-time it
 PRIOR_SLOPE = 0.15  # an untimed extra checked token costs 15 % of a 1-token forward (CPU: 0.1-0.2, GPU: ~0)
 PRIOR_ACCEPTANCE = 0.6  # a boundary's acceptance before it is measured (exploration measures it at once)
 PRIOR_WEIGHT = 2.0  # a draft depth's rate counts 2 pseudo-checks at the depth above's rate

@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from engine.decoding.auto.cost_model import CostModel
-from engine.decoding.auto.schedule import Schedule
+from engine.decoding.auto.schedule import SWITCH_MARGIN, Schedule
 from engine.decoding.structure import Structure
 from engine.events import CandidateCost
 from engine.settings import MAX_DRAFT, DecodeSettings, Mode
 
-LENGTH_MARGIN = 0.9  # the +2/-1 rule's length gives way to the model's best only for a 10 % predicted gain
 L1_MAX_SHARE = 0.5  # L1 reads L2's weights: a retrieval cache over half the context saves too few bytes to pay
 
 # which boundary's checks set which draft length of a mode
@@ -45,9 +44,7 @@ class AutoPolicy:
         return None if mode is None else self.lengths.get(mode)
 
     def new_turn(self) -> None:
-        """A new prompt may change which structure wins: refreshes start over at their first wait
-        (acceptance and costs carry over: the same model and machine)."""
-        self.schedule.new_turn()
+        """A new prompt: acceptance, costs and the refresh wait carry over (the same model and machine)."""
 
     def wants_l1(self, settings: DecodeSettings, context_tokens: int, budget: int) -> bool:
         """Build the retrieval cache with the prompt, before the first token (as a fixed L1 mode
@@ -55,7 +52,7 @@ class AutoPolicy:
         if not self._l1_allowed(context_tokens, budget):
             return False
         running, explored = self.running, self.schedule.last_run
-        return (running is not None and running.mode.uses_l1) or not all(
+        return (running is not None and running.mode.uses_l1) or not any(
             m in explored for m in (Mode.RETRIEVAL_ONLY, Mode.TRIFORCE))
 
     @staticmethod
@@ -69,7 +66,7 @@ class AutoPolicy:
         if not mode.chosen_online:
             return [mode]
         l1 = self._l1_allowed(context_tokens, budget)
-        return [m for m in (Mode.AR, Mode.DRAFT_ONLY, Mode.RETRIEVAL_ONLY, Mode.TRIFORCE)
+        return [m for m in (Mode.AR, Mode.DRAFT_ONLY, Mode.TRIFORCE, Mode.RETRIEVAL_ONLY)
                 if (has_l0 or not m.uses_l0) and (l1 or not m.uses_l1)]
 
     def choose(self, settings: DecodeSettings, has_l0: bool, context_tokens: int,
@@ -85,7 +82,7 @@ class AutoPolicy:
         for m in modes:
             rule = self.lengths.setdefault(m, Structure(m, settings.gamma1, settings.gamma2))
             modelled = self.model.best_lengths(rule)  # the model's lengths where it prices them clearly cheaper
-            if modelled != rule and (self.model.price(modelled) or 0.0) < LENGTH_MARGIN * (self.model.price(rule) or 0.0):
+            if modelled != rule and (self.model.price(modelled) or 0.0) < SWITCH_MARGIN * (self.model.price(rule) or 0.0):
                 self.lengths[m] = modelled
         prices = {m: self.model.price(self.lengths[m]) for m in modes}
         self.candidates = tuple(CandidateCost(self.lengths[m].label, p * 1000.0, m in self.schedule.last_run)

@@ -6,21 +6,22 @@ from engine.settings import Mode
 
 PROBE_CYCLES = 2  # an exploration or a refresh runs 2 cycles: one is a single noisy sample
 SWITCH_MARGIN = 0.95  # leave the running mode only for one predicted >= 5 % cheaper: a shared host's noise
-REFRESH_EVERY = 16  # a mode not run for 16 cycles is re-timed (at first): 2 of 16 cycles at most
+REFRESH_EVERY = 16  # at first one mode is re-timed every 16 cycles (2 of 18 cycles), then ever more rarely
 
 
 class Schedule:
     """Picks the mode of each verification cycle from the modes' prices (seconds per token; None:
-    not yet priceable). Owns exploration (a mode never run runs PROBE_CYCLES cycles, once), refresh
-    (a mode not run for its wait runs PROBE_CYCLES cycles, the least recently run first; its wait
-    starts at REFRESH_EVERY, doubles after a refresh that loses and resets after one that wins or at a
-    new turn) and the switch margin."""
+    not yet priceable). Owns exploration (a mode never run runs PROBE_CYCLES cycles, once, unless the
+    model already prices it above the cheapest measured mode), refresh (every `wait` cycles the least
+    recently run mode runs PROBE_CYCLES cycles; `wait` starts at REFRESH_EVERY, doubles after a
+    refresh that loses and starts over after one that wins) and the switch margin."""
 
     def __init__(self) -> None:
         self.cycle = 0
         self.incumbent: Mode | None = None  # what runs between probes
         self.last_run: dict[Mode, int] = {}
-        self.wait: dict[Mode, int] = {}  # mode -> cycles without it before it is re-timed
+        self.wait = REFRESH_EVERY
+        self.since_refresh = 0
         self.explorations = 0  # cycles spent exploring or refreshing (bounded: tests read it)
         self._probe: Mode | None = None
         self._probe_left = 0
@@ -33,40 +34,37 @@ class Schedule:
             return self._ran(self._probe, probe=True)
         if self._refreshing:
             self._judge(prices)
-        unexplored = [m for m in prices if m not in self.last_run]
-        if unexplored:  # exploration: each mode once, in the order given
-            return self._start_probe(unexplored[0], refresh=False)
         priced = {m: p for m, p in prices.items() if p is not None}
+        measured = [p for m, p in priced.items() if m in self.last_run]
+        for mode, price in prices.items():  # exploration, in the order given
+            if mode not in self.last_run and (price is None or not measured or price < min(measured)):
+                return self._start_probe(mode, refresh=False)
         if not priced:
             return self._ran(next(iter(prices)))
         best = min(priced, key=priced.get)
         current = self.incumbent if self.incumbent in priced else None
         if current is None or (best is not current and priced[best] < SWITCH_MARGIN * priced[current]):
             self.incumbent = best
-        due = [m for m in prices if m is not self.incumbent
-               and self.cycle - self.last_run[m] > self.wait.setdefault(m, REFRESH_EVERY)]
-        if due:
-            return self._start_probe(min(due, key=self.last_run.get), refresh=True)
+        self.since_refresh += 1
+        others = [m for m in prices if m is not self.incumbent]
+        if self.since_refresh >= self.wait and others:
+            return self._start_probe(min(others, key=lambda m: self.last_run.get(m, -1)), refresh=True)
         return self._ran(self.incumbent)
-
-    def new_turn(self) -> None:
-        """A new prompt may change which structure wins: every wait starts over."""
-        self.wait.clear()
 
     def _start_probe(self, mode: Mode, refresh: bool) -> Mode:
         self._probe, self._probe_left, self._refreshing = mode, PROBE_CYCLES, refresh
+        self.since_refresh = 0
         return self._ran(mode, probe=True)
 
     def _judge(self, prices: dict[Mode, float | None]) -> None:
-        """A refresh just ended: it wins if its mode is now predicted cheaper than the incumbent by the
-        margin (then it runs and its wait resets), else it lost and its wait doubles."""
+        """A refresh just ended: it wins if its mode is now priced under the incumbent by the margin
+        (then it runs and the wait starts over), else it lost and the wait doubles."""
         self._refreshing = False
-        mode = self._probe
-        mine, theirs = prices.get(mode), prices.get(self.incumbent)
+        mine, theirs = prices.get(self._probe), prices.get(self.incumbent)
         if mine is not None and theirs is not None and mine < SWITCH_MARGIN * theirs:
-            self.incumbent, self.wait[mode] = mode, REFRESH_EVERY
+            self.incumbent, self.wait = self._probe, REFRESH_EVERY
         else:
-            self.wait[mode] = 2 * self.wait.get(mode, REFRESH_EVERY)
+            self.wait *= 2
 
     def _ran(self, mode: Mode, probe: bool = False) -> Mode:
         if probe:
