@@ -12,28 +12,35 @@ from engine.decoding.structure import Structure
 from engine.settings import MAX_DRAFT as DEPTHS  # draft depths kept apart: the longest draft
 from engine.settings import Mode
 
-TIMING_WINDOW = 3  # a forward size is priced at the median of its last 3 timings: one spike moves nothing, two re-time it
+TIMING_WINDOW = 3  # a forward size is priced at the (low) median of its last 3 timings: one spike moves nothing, two re-time it
 PRIOR_SLOPE = 0.15  # an untimed extra checked token costs 15 % of a 1-token forward (CPU: 0.1-0.2, GPU: ~0)
 PRIOR_ACCEPTANCE = 0.6  # a boundary's acceptance before it is measured (exploration measures it at once)
 PRIOR_WEIGHT = 2.0  # a draft depth's rate counts 2 pseudo-checks at the depth above's rate
 ACCEPTANCE_DECAY = 0.98  # per verification: acceptance remembers ~50 checks, two or three answers
-REALIZED_DECAY = 0.9  # per cycle of a mode: its wall-time correction remembers ~10 of its cycles
-SPIKE_CLIP = 2.0  # a cycle's wall time counts at most 2x its modelled forwards (load only adds time)
+REALIZED_DECAY = 0.95  # per cycle of a mode: its wall-time ratio remembers ~20 of its cycles
+LENGTH_STEP = 2  # the model moves a draft length by at most 2 a cycle, as the rule does (a local search)
+SPIKE_CLIP = 1.5  # a timing or a cycle counts at most 1.5x what was expected of it: load only adds time
 
 BOUNDARIES = ("l0_l1", "l1_l2", "l0_l2")
 
 
 class StepTimes:
     """Seconds per forward at each level ("l0": one whole proposal of n tokens, "l1", "l2": a forward
-    checking n tokens), each size the median of its last TIMING_WINDOW timings."""
+    checking n tokens), each size the median of its last TIMING_WINDOW timings (the lower of two), each
+    timing at most SPIKE_CLIP times what the table expected of it."""
 
     def __init__(self) -> None:
         self._samples: dict[str, dict[int, deque]] = {"l0": {}, "l1": {}, "l2": {}}
         self._rows: dict[str, dict[int, float]] = {}  # level -> size -> median, until the next record
+        self._lines: dict[str, tuple[float, float, float]] = {}  # level -> (mean size, mean seconds, slope)
 
     def record(self, level: str, tokens: int, seconds: float) -> None:
+        expected = self.estimate(level, tokens)
+        if expected is not None:
+            seconds = min(seconds, SPIKE_CLIP * expected)
         self._samples[level].setdefault(tokens, deque(maxlen=TIMING_WINDOW)).append(seconds)
         self._rows.pop(level, None)
+        self._lines.pop(level, None)
 
     def measured(self, level: str) -> bool:
         return bool(self._samples[level])
@@ -43,7 +50,7 @@ class StepTimes:
         line through the timed sizes (slope >= 0; one size: PRIOR_SLOPE), None if never timed."""
         row = self._rows.get(level)
         if row is None:
-            row = self._rows[level] = {n: statistics.median(s) for n, s in self._samples[level].items()}
+            row = self._rows[level] = {n: statistics.median_low(s) for n, s in self._samples[level].items()}
         if not row:
             return None
         if tokens in row:
@@ -51,9 +58,13 @@ class StepTimes:
         if len(row) == 1:
             (n0, t0), = row.items()
             return t0 * (1 + PRIOR_SLOPE * (tokens - 1)) / (1 + PRIOR_SLOPE * (n0 - 1))
-        mean_n, mean_t = statistics.fmean(row), statistics.fmean(row.values())
-        spread = sum((n - mean_n) ** 2 for n in row)
-        slope = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in row.items()) / spread)
+        line = self._lines.get(level)
+        if line is None:
+            mean_n, mean_t = statistics.fmean(row), statistics.fmean(row.values())
+            spread = sum((n - mean_n) ** 2 for n in row)
+            slope = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in row.items()) / spread)
+            line = self._lines[level] = (mean_n, mean_t, slope)
+        mean_n, mean_t, slope = line
         return max(min(row.values()) * 0.5, mean_t + slope * (tokens - mean_n))
 
 
@@ -64,10 +75,12 @@ class Acceptance:
     def __init__(self) -> None:
         self.reached = [0.0] * DEPTHS
         self.accepted = [0.0] * DEPTHS
+        self._expected: list[float] | None = None  # tokens yielded per draft length 0..DEPTHS, until the next add
 
     def add(self, proposed: int, accepted: int) -> None:
         if proposed <= 0:
             return
+        self._expected = None
         for d in range(DEPTHS):
             self.reached[d] *= ACCEPTANCE_DECAY
             self.accepted[d] *= ACCEPTANCE_DECAY
@@ -90,11 +103,12 @@ class Acceptance:
     def expected(self, draft: int) -> float:
         """Tokens one check of a `draft`-token draft yields: 1 + sum_k a_1 ... a_k. With one rate a
         for every depth this is E(a, g) = (1 - a^(g+1)) / (1 - a)."""
-        total, run = 1.0, 1.0
-        for a in self.rates(draft):
-            run *= a
-            total += run
-        return total
+        if self._expected is None:
+            self._expected, run = [1.0], 1.0
+            for a in self.rates(DEPTHS):
+                run *= a
+                self._expected.append(self._expected[-1] + run)
+        return self._expected[min(draft, DEPTHS)]
 
 
 class CostModel:
@@ -113,41 +127,47 @@ class CostModel:
     def cycle(self, s: Structure) -> tuple[float, float] | None:
         """(seconds of the forwards one cycle of `s` runs, tokens it yields), None where a level it
         needs was never timed (it must be explored first)."""
+        return self._cycle(s.mode, s.gamma1, s.gamma2)
+
+    def _cycle(self, mode: Mode, g1: int, g2: int) -> tuple[float, float] | None:
         t, acc = self.times.estimate, self.acceptance
         one = t("l2", 1)
         if one is None:
             return None
-        if s.mode is Mode.AR:
+        if mode is Mode.AR:
             return one, 1.0
-        if s.mode is Mode.DRAFT_ONLY:  # an n-gram lookup is free: "l0" is timed for model drafters only
+        if mode is Mode.DRAFT_ONLY:  # an n-gram lookup is free: "l0" is timed for model drafters only
             if not acc["l0_l2"].known:
                 return None
-            return (t("l0", s.gamma1) or 0.0) + t("l2", s.gamma1 + 1), acc["l0_l2"].expected(s.gamma1)
+            return (t("l0", g1) or 0.0) + t("l2", g1 + 1), acc["l0_l2"].expected(g1)
         l1_one = t("l1", 1)
         if l1_one is None or not acc["l1_l2"].known:
             return None
-        check = t("l2", s.gamma2 + 1)
-        if s.mode is Mode.RETRIEVAL_ONLY:
-            return s.gamma2 * l1_one + check, acc["l1_l2"].expected(s.gamma2)
+        check = t("l2", g2 + 1)
+        if mode is Mode.RETRIEVAL_ONLY:
+            return g2 * l1_one + check, acc["l1_l2"].expected(g2)
         # triforce: L1 forwards of g1 + 1 tokens, each yielding E(l0_l1, g1), until g2 tokens are drafted
-        per_forward = acc["l0_l1"].expected(s.gamma1)
-        l1 = (t("l0", s.gamma1) or 0.0) + t("l1", s.gamma1 + 1)
-        return s.gamma2 / per_forward * l1 + check, acc["l1_l2"].expected(s.gamma2)
+        return g2 * self._l1_per_token(g1) + check, acc["l1_l2"].expected(g2)
+
+    def _l1_per_token(self, g1: int) -> float:
+        """triforce's seconds of L0 and L1 per token L1 drafts, L0 drafting g1 tokens per L1 forward."""
+        return ((self.times.estimate("l0", g1) or 0.0) + self.times.estimate("l1", g1 + 1)) / \
+            self.acceptance["l0_l1"].expected(g1)
 
     def best_lengths(self, s: Structure) -> Structure:
-        """`s`'s mode at the draft lengths the model prices cheapest (triforce: g1 by L1's seconds per
-        drafted token, which g2 does not change, then g2)."""
-        if s.mode is Mode.AR:
+        """`s` with each draft length moved to the cheapest within LENGTH_STEP of it (triforce: g1 by
+        L1's seconds per drafted token, which g2 does not change, then g2)."""
+        if s.mode is Mode.AR or self._cycle(s.mode, s.gamma1, s.gamma2) is None:
             return s
-        if s.mode is Mode.TRIFORCE and self.times.measured("l1"):
-            per_forward = self.acceptance["l0_l1"].expected
-            l1 = lambda g: ((self.times.estimate("l0", g) or 0.0) + self.times.estimate("l1", g + 1)) / per_forward(g)
-            s = dataclasses.replace(s, gamma1=min(range(1, DEPTHS + 1), key=l1))
-        field = "gamma1" if s.mode is Mode.DRAFT_ONLY else "gamma2"
-        options = [dataclasses.replace(s, **{field: g}) for g in range(1, DEPTHS + 1)]
-        priced = [(self.modelled(o), o) for o in options]
-        priced = [(p, o) for p, o in priced if p is not None]
-        return min(priced, key=lambda x: x[0])[1] if priced else s
+        near = lambda g: range(max(1, g - LENGTH_STEP), min(DEPTHS, g + LENGTH_STEP) + 1)
+        if s.mode is Mode.DRAFT_ONLY:
+            return dataclasses.replace(s, gamma1=min(near(s.gamma1), key=lambda g: self._per_token(s.mode, g, 1)))
+        g1 = min(near(s.gamma1), key=self._l1_per_token) if s.mode is Mode.TRIFORCE else s.gamma1
+        return dataclasses.replace(s, gamma1=g1, gamma2=min(near(s.gamma2), key=lambda g: self._per_token(s.mode, g1, g)))
+
+    def _per_token(self, mode: Mode, g1: int, g2: int) -> float:
+        seconds, tokens = self._cycle(mode, g1, g2)
+        return seconds / tokens
 
     def modelled(self, s: Structure) -> float | None:
         """Seconds per token the forwards alone predict (no realized correction)."""
@@ -171,5 +191,5 @@ class CostModel:
         if c is None:
             return
         sums = self._realized.setdefault(s.mode, [0.0, 0.0])
-        sums[0] = REALIZED_DECAY * sums[0] + min(seconds, SPIKE_CLIP * c[0])
+        sums[0] = REALIZED_DECAY * sums[0] + min(seconds, SPIKE_CLIP * self.ratio(s.mode) * c[0])
         sums[1] = REALIZED_DECAY * sums[1] + c[0]

@@ -17,12 +17,13 @@ LENGTH_OF = {(Mode.DRAFT_ONLY, "l0_l2"): "gamma1", (Mode.TRIFORCE, "l0_l1"): "ga
              (Mode.RETRIEVAL_ONLY, "l1_l2"): "gamma2", (Mode.TRIFORCE, "l1_l2"): "gamma2"}
 
 
-def next_length(length: int, proposed: int, accepted: int) -> int:
-    """transformers' assistant rule: 2 tokens longer after a draft of `length` accepted whole, 1 shorter
-    after a rejection; a shorter draft accepted whole (an n-gram lookup that found fewer) leaves it."""
+def next_length(length: int, asked: int, proposed: int, accepted: int) -> int:
+    """transformers' assistant rule: 2 tokens longer after a draft of the `asked` length accepted whole,
+    1 shorter after a rejection; a shorter draft accepted whole (an n-gram lookup that found fewer)
+    leaves it."""
     if accepted < proposed:
         return max(1, length - 1)
-    return min(MAX_DRAFT, length + 2) if proposed >= length else length
+    return min(MAX_DRAFT, length + 2) if proposed >= asked else length
 
 
 class AutoPolicy:
@@ -103,13 +104,14 @@ class AutoPolicy:
         structure's draft length at that boundary follows the +2/-1 rule. A draft shorter than asked
         (an n-gram lookup that found fewer tokens) counts as rejected where it stopped: the model
         prices yield per length asked."""
-        s = self.current
+        s = self.current  # what this cycle runs; the rule moves the mode's next lengths
         field = LENGTH_OF.get((s.mode, boundary)) if s is not None else None
-        asked = getattr(s, field) if field is not None and boundary.startswith("l0") else proposed
-        self.model.observe(boundary, max(proposed, asked), accepted)
+        asked = getattr(s, field) if field is not None else proposed
+        self.model.observe(boundary, max(proposed, asked) if boundary.startswith("l0") else proposed, accepted)
         if field is not None and s.mode in self.lengths:
-            length = next_length(getattr(s, field), proposed, accepted)
-            self.lengths[s.mode] = self.current = dataclasses.replace(s, **{field: length})
+            rule = self.lengths[s.mode]
+            length = next_length(getattr(rule, field), asked, proposed, accepted)
+            self.lengths[s.mode] = dataclasses.replace(rule, **{field: length})
 
     def realized(self, s: Structure, seconds: float, tokens: int, **_) -> None:
         """A cycle of `s` took `seconds` of wall time and yielded `tokens`."""
