@@ -9,7 +9,7 @@ import pytest
 
 from engine.decoding.auto import AutoPolicy
 from engine.decoding.structure import Structure
-from engine.settings import MAX_DRAFT, DecodeSettings, Mode
+from engine.settings import DecodeSettings, Mode
 
 AUTO = DecodeSettings(mode="auto", gamma1=4, gamma2=6)
 
@@ -140,33 +140,38 @@ def test_a_cost_spike_does_not_flip_the_choice():
 
 
 def test_the_draft_length_follows_plus_two_minus_one():
-    """A fixed mode with its lengths tuned: 2 longer after a draft accepted whole, 1 shorter otherwise."""
-    settings = DecodeSettings(mode="draft-only", gamma1=4, auto=True)
+    """A fixed mode with its lengths tuned: 1 shorter after a rejection, 2 longer after a draft
+    accepted whole, up to the settings' length."""
+    settings = DecodeSettings(mode="draft-only", gamma1=8, auto=True)
     policy = AutoPolicy()
     lengths = []
-    for accepted_whole in (True, True, False, False, False, False, False, False, True):
+    for accepted_whole in (True, False, False, False, True, True, False, True, True, True):
         s = policy.choose(settings, True, 4000, 1024)
         lengths.append(s.gamma1)
         policy.observe("l0_l2", s.gamma1, s.gamma1 if accepted_whole else 0)
-    assert lengths == [4, 6, 8, 7, 6, 5, 4, 3, 2]
-    for _ in range(20):
-        s = policy.choose(settings, True, 4000, 1024)
-        policy.observe("l0_l2", s.gamma1, s.gamma1)
-    assert policy.choose(settings, True, 4000, 1024).gamma1 == MAX_DRAFT
+    assert lengths == [8, 8, 7, 6, 5, 7, 8, 7, 8, 8]
     for _ in range(30):
         s = policy.choose(settings, True, 4000, 1024)
         policy.observe("l0_l2", s.gamma1, 0)
     assert policy.choose(settings, True, 4000, 1024).gamma1 == 1
+    s = policy.choose(settings, True, 4000, 1024)
+    policy.observe("l0_l2", 0, 0)  # an empty lookup: neither longer nor shorter
+    policy.observe("l0_l2", 1, 1)  # ... nor a short draft accepted whole (asked 1, got 1: longer)
+    assert policy.choose(settings, True, 4000, 1024).gamma1 == 3
 
 
 def test_triforce_tunes_both_lengths_each_at_its_own_boundary():
     policy = AutoPolicy()
     settings = DecodeSettings(mode="triforce", gamma1=3, gamma2=5, auto=True)
     s = policy.choose(settings, True, 8000, 1024)
-    policy.observe("l0_l1", 3, 3)  # L0's draft accepted whole at L1: gamma1 + 2
-    policy.observe("l1_l2", 5, 2)  # L1's draft cut at L2: gamma2 - 1
+    policy.observe("l0_l1", 3, 1)  # L0's draft cut at L1: gamma1 - 1
+    policy.observe("l1_l2", 5, 5)  # L1's draft accepted whole at L2: gamma2 stays at the settings'
     s = policy.choose(settings, True, 8000, 1024)
-    assert (s.gamma1, s.gamma2) == (5, 4)
+    assert (s.gamma1, s.gamma2) == (2, 5)
+    policy.observe("l0_l1", 2, 2)  # accepted whole: 2 longer, but no longer than the settings' 3
+    policy.observe("l1_l2", 5, 0)
+    s = policy.choose(settings, True, 8000, 1024)
+    assert (s.gamma1, s.gamma2) == (3, 4)
 
 
 def test_no_retrieval_level_where_its_cache_holds_most_of_the_context():

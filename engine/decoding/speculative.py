@@ -279,8 +279,8 @@ class HierarchicalDecoder:
         now and is never missed so again, so the policy counts the accepted prefix alone and prices
         such misses by the rate of new tokens (Policy.observe_novel) instead."""
         getattr(self.stats, boundary).add(proposed, accepted)
-        if self._policy_learns():
-            self.policy.observe(boundary, accepted if vocab_miss else proposed, accepted)
+        if self._policy_learns():  # (auto-legacy prices such misses apart; auto counts them as they cost)
+            self.policy.observe(boundary, accepted if vocab_miss and self._legacy else proposed, accepted)
 
     def _vocab_miss(self, boundary: str, draft: Draft, out: list[tuple[int, Level]]) -> bool:
         """Did L2 reject L1's draft at a token L1 could not propose (outside its vocabulary subset)?

@@ -17,13 +17,13 @@ LENGTH_OF = {(Mode.DRAFT_ONLY, "l0_l2"): "gamma1", (Mode.TRIFORCE, "l0_l1"): "ga
              (Mode.RETRIEVAL_ONLY, "l1_l2"): "gamma2", (Mode.TRIFORCE, "l1_l2"): "gamma2"}
 
 
-def next_length(length: int, asked: int, proposed: int, accepted: int) -> int:
-    """transformers' assistant rule: 2 tokens longer after a draft of the `asked` length accepted whole,
-    1 shorter after a rejection; a shorter draft accepted whole (an n-gram lookup that found fewer)
-    leaves it."""
+def next_length(length: int, asked: int, proposed: int, accepted: int, ceiling: int = MAX_DRAFT) -> int:
+    """transformers' assistant rule: 2 tokens longer (up to `ceiling`) after a draft of the `asked`
+    length accepted whole, 1 shorter after a rejection; a shorter draft accepted whole (an n-gram
+    lookup that found fewer) leaves it."""
     if accepted < proposed:
         return max(1, length - 1)
-    return min(MAX_DRAFT, length + 2) if proposed >= asked else length
+    return max(length, min(ceiling, length + 2)) if proposed >= asked else length
 
 
 class AutoPolicy:
@@ -37,6 +37,7 @@ class AutoPolicy:
         self.current: Structure | None = None
         self.candidates: tuple[CandidateCost, ...] = ()
         self.forced: list[Structure] | None = None  # tests: a script of structures, one per cycle, repeated
+        self._ceiling = {"gamma1": MAX_DRAFT, "gamma2": MAX_DRAFT}  # the rule grows a length up to the settings'
 
     @property
     def running(self) -> Structure | None:
@@ -80,6 +81,7 @@ class AutoPolicy:
         if not Mode.of(settings.mode).chosen_online and not settings.auto:
             return Structure(Mode.of(settings.mode), settings.gamma1, settings.gamma2)
         modes = self.modes(settings, has_l0, context_tokens, budget or settings.budget)
+        self._ceiling = {"gamma1": settings.gamma1, "gamma2": settings.gamma2}
         for m in modes:
             rule = self.lengths.setdefault(m, Structure(m, settings.gamma1, settings.gamma2))
             modelled = self.model.best_lengths(rule)  # the model's lengths where it prices them clearly cheaper
@@ -101,7 +103,8 @@ class AutoPolicy:
 
     def observe(self, boundary: str, proposed: int, accepted: int) -> None:
         """A check at `boundary` accepted `accepted` of `proposed` drafted tokens; the running
-        structure's draft length at that boundary follows the +2/-1 rule. A draft shorter than asked
+        structure's draft length at that boundary follows the +2/-1 rule, growing up to the settings'
+        length (a longer one runs only where the model prices it cheaper). A draft shorter than asked
         (an n-gram lookup that found fewer tokens) counts as rejected where it stopped: the model
         prices yield per length asked."""
         s = self.current  # what this cycle runs; the rule moves the mode's next lengths
@@ -110,7 +113,7 @@ class AutoPolicy:
         self.model.observe(boundary, max(proposed, asked) if boundary.startswith("l0") else proposed, accepted)
         if field is not None and s.mode in self.lengths:
             rule = self.lengths[s.mode]
-            length = next_length(getattr(rule, field), asked, proposed, accepted)
+            length = next_length(getattr(rule, field), asked, proposed, accepted, self._ceiling[field])
             self.lengths[s.mode] = dataclasses.replace(rule, **{field: length})
 
     def realized(self, s: Structure, seconds: float, tokens: int, **_) -> None:
