@@ -110,17 +110,26 @@ def test_exploration_is_bounded():
 
 
 def test_a_stale_price_gets_retimed():
-    """L1 gets much cheaper while auto runs draft-only (another process left the machine): a
-    refresh re-times it and auto moves to the structure that now wins."""
-    sim = FakeDecoder(accept={"l0_l2": 0.55, "l1_l2": 0.9, "l0_l1": 0.3}, l1=lambda n: 0.030 + 0.003 * n)
+    """L1 gets cheaper while auto runs draft-only (another process left the machine): a refresh
+    re-times it (it was priced within reach of draft-only) and auto moves to the structure that now wins."""
+    sim = FakeDecoder(accept={"l0_l2": 0.55, "l1_l2": 0.9, "l0_l1": 0.3}, l1=lambda n: 0.012 + 0.003 * n)
     policy = AutoPolicy()
     sim.run(policy, 150)
     assert policy.running.mode is Mode.DRAFT_ONLY
     wait = policy.schedule.wait
-    sim.l1 = lambda n: 0.002 + 0.001 * n
+    sim.l1 = lambda n: 0.003 + 0.002 * n
     modes = sim.run(policy, 6 * wait + 100)  # the modes off the incumbent take turns: two refreshes at most
     assert policy.running.mode in (Mode.RETRIEVAL_ONLY, Mode.TRIFORCE)
     assert sum(m.uses_l1 for m in modes[-100:]) >= 90
+
+
+def test_a_mode_priced_far_above_the_running_one_is_not_re_timed():
+    """A refresh costs its cycles at the probed mode's price: one priced over 1.5x the running mode is
+    left alone (here L1 costs about what L2 does and the text copies)."""
+    sim = FakeDecoder(accept={"l0_l2": 0.9, "l1_l2": 0.6, "l0_l1": 0.6}, l1=lambda n: 0.030 + 0.003 * n)
+    policy = AutoPolicy()
+    modes = sim.run(policy, 400)
+    assert all(not m.uses_l1 for m in modes[10:])
 
 
 def test_a_cost_spike_does_not_flip_the_choice():

@@ -6,6 +6,7 @@ from engine.settings import Mode
 
 PROBE_CYCLES = 2  # an exploration or a refresh runs 2 cycles: one is a single noisy sample
 SWITCH_MARGIN = 0.95  # leave the running mode only for one predicted >= 5 % cheaper: a shared host's noise
+REFRESH_REACH = 1.5  # only a mode priced within 1.5x the running one is re-timed: a dearer probe costs more than staleness hides
 REFRESH_EVERY = 16  # at first one mode is re-timed every 16 cycles (2 of 18 cycles), then ever more rarely
 
 
@@ -13,7 +14,7 @@ class Schedule:
     """Picks the mode of each verification cycle from the modes' prices (seconds per token; None:
     not yet priceable). Owns exploration (a mode never run runs PROBE_CYCLES cycles, once, unless the
     model already prices it above the cheapest measured mode), refresh (every `wait` cycles the least
-    recently run mode runs PROBE_CYCLES cycles; `wait` starts at REFRESH_EVERY, doubles after a
+    recently run mode within REFRESH_REACH of the running one's price runs PROBE_CYCLES cycles; `wait` starts at REFRESH_EVERY, doubles after a
     refresh that loses and starts over after one that wins) and the switch margin."""
 
     def __init__(self) -> None:
@@ -46,7 +47,8 @@ class Schedule:
         if current is None or (best is not current and priced[best] < SWITCH_MARGIN * priced[current]):
             self.incumbent = best
         self.since_refresh += 1
-        others = [m for m in prices if m is not self.incumbent]
+        reach = REFRESH_REACH * priced[self.incumbent]
+        others = [m for m, p in prices.items() if m is not self.incumbent and (p is None or p <= reach)]
         if self.since_refresh >= self.wait and others:
             return self._start_probe(min(others, key=lambda m: self.last_run.get(m, -1)), refresh=True)
         return self._ran(self.incumbent)
