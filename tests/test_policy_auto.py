@@ -120,16 +120,18 @@ def test_a_stale_price_gets_retimed():
     sim.l1 = lambda n: 0.003 + 0.002 * n
     modes = sim.run(policy, 6 * wait + 100)  # the modes off the incumbent take turns: two refreshes at most
     assert policy.running.mode in (Mode.RETRIEVAL_ONLY, Mode.TRIFORCE)
-    assert sum(m.uses_l1 for m in modes[-100:]) >= 90
+    assert sum(m.uses_l1 for m in modes[-100:]) >= 80  # (the rest: refreshes of the others)
 
 
-def test_a_mode_priced_far_above_the_running_one_is_not_re_timed():
-    """A refresh costs its cycles at the probed mode's price: one priced over 1.5x the running mode is
-    left alone (here L1 costs about what L2 does and the text copies)."""
+def test_a_dear_mode_is_re_timed_more_rarely():
+    """A refresh costs its cycles at the probed mode's price: a mode priced r times the running one
+    waits r times as long, so the dearer the mode, the fewer cycles go to it (here L1 costs about what
+    L2 does and the text copies: ar is ~3x draft-only's price, the L1 structures ~6x)."""
     sim = FakeDecoder(accept={"l0_l2": 0.9, "l1_l2": 0.6, "l0_l1": 0.6}, l1=lambda n: 0.030 + 0.003 * n)
     policy = AutoPolicy()
-    modes = sim.run(policy, 400)
-    assert all(not m.uses_l1 for m in modes[10:])
+    modes = sim.run(policy, 1000)[8:]  # after exploring each mode once
+    l1, ar = sum(m.uses_l1 for m in modes), modes.count(Mode.AR)
+    assert 0 < l1 <= ar <= 8, (l1, ar)
 
 
 def test_a_cost_spike_does_not_flip_the_choice():

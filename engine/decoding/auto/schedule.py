@@ -6,7 +6,6 @@ from engine.settings import Mode
 
 PROBE_CYCLES = 2  # an exploration or a refresh runs 2 cycles: one is a single noisy sample
 SWITCH_MARGIN = 0.95  # leave the running mode only for one predicted >= 5 % cheaper: a shared host's noise
-REFRESH_REACH = 1.5  # only a mode priced within 1.5x the running one is re-timed: a dearer probe costs more than staleness hides
 REFRESH_EVERY = 16  # at first one mode is re-timed every 16 cycles (2 of 18 cycles), then ever more rarely
 
 
@@ -14,7 +13,8 @@ class Schedule:
     """Picks the mode of each verification cycle from the modes' prices (seconds per token; None:
     not yet priceable). Owns exploration (a mode never run runs PROBE_CYCLES cycles, once, unless the
     model already prices it above the cheapest measured mode), refresh (every `wait` cycles the least
-    recently run mode within REFRESH_REACH of the running one's price runs PROBE_CYCLES cycles; `wait` starts at REFRESH_EVERY, doubles after a
+    recently run mode runs PROBE_CYCLES cycles, one priced r times the running mode only once it has
+    not run for r times the wait (its probe costs r times as much); `wait` starts at REFRESH_EVERY, doubles after a
     refresh that loses and starts over after one that wins) and the switch margin."""
 
     def __init__(self) -> None:
@@ -47,10 +47,12 @@ class Schedule:
         if current is None or (best is not current and priced[best] < SWITCH_MARGIN * priced[current]):
             self.incumbent = best
         self.since_refresh += 1
-        reach = REFRESH_REACH * priced[self.incumbent]
-        others = [m for m, p in prices.items() if m is not self.incumbent and (p is None or p <= reach)]
-        if self.since_refresh >= self.wait and others:
-            return self._start_probe(min(others, key=lambda m: self.last_run.get(m, -1)), refresh=True)
+        if self.since_refresh >= self.wait:  # a mode priced r times the running one waits r times as long
+            own = priced[self.incumbent]
+            due = [m for m, p in prices.items() if m is not self.incumbent
+                   and self.cycle - self.last_run.get(m, 0) >= self.wait * max(1.0, (p or own) / own)]
+            if due:
+                return self._start_probe(min(due, key=lambda m: self.last_run.get(m, 0)), refresh=True)
         return self._ran(self.incumbent)
 
     def _start_probe(self, mode: Mode, refresh: bool) -> Mode:
