@@ -10,6 +10,8 @@ output exactly distributed as the target alone, whichever structure ran the cycl
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -29,6 +31,8 @@ from engine.kv.retrieval import RetrievalCache
 from engine.model.draft_vocab import DraftVocabulary
 from engine.model.runner import LlamaRunner
 from engine.settings import DecodeSettings, Mode
+
+TRACE = bool(os.environ.get("TRIFORCE_TRACE_AUTO"))  # one line a cycle on stderr under auto: what ran, what it cost
 
 
 @dataclass
@@ -80,7 +84,8 @@ class HierarchicalDecoder:
         # across cycles, as its slice of the head is rebuilt only when the subset grows
         self.l1_vocab = DraftVocabulary.for_runner(runner)
         self.stats = DecodeStats()
-        self.auto_policy = AutoPolicy()
+        self._weight_bytes: tuple[int, int] | None = None  # (weights, K/V per token held), read once
+        self.auto_policy = AutoPolicy(self._step_bytes)
         self.legacy_policy = LegacyPolicy()  # mode auto-legacy: the previous policy, for side-by-side runs
         self.legacy_lookups = ShadowLookups(self.legacy_policy)  # ... and the n-gram lookups it learns from
         self.structure: Structure | None = None  # what the last cycle ran
@@ -95,6 +100,15 @@ class HierarchicalDecoder:
         self.l1_verify = verify  # the acceptance rule at L1 (tests swap in a known-buggy variant)
         self.answer_start: int | None = None  # seq[answer_start:] is the answer (the repetition penalty counts it)
         self._kept_whole = False  # the last cycle was draft-only and kept its whole draft
+
+    def _step_bytes(self, tokens: int) -> int:
+        """Bytes a target forward reads with `tokens` tokens held: its weights and their K/V."""
+        if self._weight_bytes is None:
+            a, r = self.runner.arch, self.runner
+            kv_element = torch.tensor([], dtype=getattr(r, "kv_dtype", r.dtype)).element_size()
+            self._weight_bytes = int(r.nbytes()), 2 * a.n_layers * a.n_kv_heads * a.head_dim * kv_element
+        weights, per_token = self._weight_bytes
+        return weights + per_token * tokens
 
     @property
     def _legacy(self) -> bool:
@@ -241,7 +255,15 @@ class HierarchicalDecoder:
                 self.policy.observe_novel(vocab.note(seq, emitted), len(emitted))
             if self._legacy:
                 self.legacy_lookups.learn(seq, emitted, boundary, self.drafter, st.mode)
+            if TRACE:
+                self._trace(st, len(draft.tokens), accepted, time.perf_counter() - started)
         return out
+
+    def _trace(self, st: Structure, drafted: int, accepted: int, seconds: float) -> None:
+        """A cycle's line for TRIFORCE_TRACE_AUTO: the policy, structure, draft, yield, wall time and prices."""
+        prices = " ".join(f"{c.structure}={c.ms_per_token:.1f}" for c in self.policy.candidates)
+        print(f"[auto] {Mode.of(self.settings.mode).value} {st.label} drafted={drafted} accepted={accepted} "
+              f"ms={seconds * 1000:.1f} | {prices}", file=sys.stderr)
 
     def choice_metrics(self) -> dict:
         """Metrics fields saying what ran and, under auto, what the policy weighed."""

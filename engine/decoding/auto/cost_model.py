@@ -121,6 +121,10 @@ class CostModel:
         self.times = StepTimes()
         self.acceptance = {b: Acceptance() for b in BOUNDARIES}
         self._realized: dict[Mode, list[float]] = {}  # mode -> [decayed wall seconds, decayed predicted seconds]
+        # bytes an L1 forward reads over an L2 forward's (the weights and the retrieval cache against the
+        # weights and the whole context); where known, it prices L1 before L1 ever ran, so an L1
+        # structure is explored only where it could pay (None: L1 structures wait for exploration)
+        self.l1_share: float | None = None
 
     def observe(self, boundary: str, proposed: int, accepted: int) -> None:
         self.acceptance[boundary].add(proposed, accepted)
@@ -141,8 +145,8 @@ class CostModel:
             if not acc["l0_l2"].known:
                 return None
             return (t("l0", g1) or 0.0) + t("l2", g1 + 1), acc["l0_l2"].expected(g1)
-        l1_one = t("l1", 1)
-        if l1_one is None or not acc["l1_l2"].known:
+        l1_one = self._l1(1)
+        if l1_one is None or not (acc["l1_l2"].known or self.l1_share is not None):
             return None
         check = t("l2", g2 + 1)
         if mode is Mode.RETRIEVAL_ONLY:
@@ -152,15 +156,22 @@ class CostModel:
 
     def _l1_per_token(self, g1: int) -> float:
         """triforce's seconds of L0 and L1 per token L1 drafts, L0 drafting g1 tokens per L1 forward."""
-        return ((self.times.estimate("l0", g1) or 0.0) + self.times.estimate("l1", g1 + 1)) / \
-            self.acceptance["l0_l1"].expected(g1)
+        return ((self.times.estimate("l0", g1) or 0.0) + self._l1(g1 + 1)) / self.acceptance["l0_l1"].expected(g1)
 
-    def best_lengths(self, s: Structure) -> Structure:
-        """`s` with each draft length moved to the cheapest within LENGTH_STEP of it (triforce: g1 by
+    def _l1(self, tokens: int) -> float | None:
+        """Seconds of an L1 forward checking `tokens`: timed, else L2's scaled by the bytes each reads."""
+        timed = self.times.estimate("l1", tokens)
+        if timed is not None or self.l1_share is None:
+            return timed
+        l2 = self.times.estimate("l2", tokens)
+        return None if l2 is None else self.l1_share * l2
+
+    def best_lengths(self, s: Structure, step: int = LENGTH_STEP) -> Structure:
+        """`s` with each draft length moved to the cheapest within `step` of it (triforce: g1 by
         L1's seconds per drafted token, which g2 does not change, then g2)."""
         if s.mode is Mode.AR or self._cycle(s.mode, s.gamma1, s.gamma2) is None:
             return s
-        near = lambda g: range(max(1, g - LENGTH_STEP), min(DEPTHS, g + LENGTH_STEP) + 1)
+        near = lambda g: range(max(1, g - step), min(DEPTHS, g + step) + 1)
         if s.mode is Mode.DRAFT_ONLY:
             return dataclasses.replace(s, gamma1=min(near(s.gamma1), key=lambda g: self._per_token(s.mode, g, 1)))
         g1 = min(near(s.gamma1), key=self._l1_per_token) if s.mode is Mode.TRIFORCE else s.gamma1

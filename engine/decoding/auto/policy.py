@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from engine.decoding.auto.cost_model import CostModel
 from engine.decoding.auto.schedule import SWITCH_MARGIN, Schedule
@@ -30,7 +31,8 @@ class AutoPolicy:
     """Chooses the structure of the next cycle. Every cycle's output is an exact sample whichever
     structure ran it, so a switch between cycles never changes what is generated."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_bytes: Callable[[int], int] | None = None) -> None:
+        self.step_bytes = step_bytes  # bytes a target forward reads with n tokens held (None: unknown)
         self.model = CostModel()
         self.schedule = Schedule()
         self.lengths: dict[Mode, Structure] = {}  # each mode at its current draft lengths
@@ -80,10 +82,15 @@ class AutoPolicy:
             return self._ran(chosen)
         if not Mode.of(settings.mode).chosen_online and not settings.auto:
             return Structure(Mode.of(settings.mode), settings.gamma1, settings.gamma2)
-        modes = self.modes(settings, has_l0, context_tokens, budget or settings.budget)
+        budget = budget or settings.budget
+        modes = self.modes(settings, has_l0, context_tokens, budget)
         self._ceiling = {"gamma1": settings.gamma1, "gamma2": settings.gamma2}
+        if self.step_bytes is not None:
+            self.model.l1_share = self.step_bytes(min(budget, context_tokens)) / self.step_bytes(context_tokens)
         for m in modes:
             rule = self.lengths.setdefault(m, Structure(m, settings.gamma1, settings.gamma2))
+            if m not in self.schedule.last_run:  # never ran: its exploration tries the lengths priced cheapest
+                rule = self.lengths[m] = self.model.best_lengths(rule, step=MAX_DRAFT)
             modelled = self.model.best_lengths(rule)  # the model's lengths where it prices them clearly cheaper
             if modelled != rule and (self.model.price(modelled) or 0.0) < SWITCH_MARGIN * (self.model.price(rule) or 0.0):
                 self.lengths[m] = modelled
