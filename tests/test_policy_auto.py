@@ -116,7 +116,7 @@ def test_a_stale_price_gets_retimed():
     policy = AutoPolicy()
     sim.run(policy, 150)
     assert policy.running.mode is Mode.DRAFT_ONLY
-    wait = policy.schedule.wait
+    wait = max(policy.schedule.waits.values())
     sim.l1 = lambda n: 0.003 + 0.002 * n
     modes = sim.run(policy, 6 * wait + 100)  # the modes off the incumbent take turns: two refreshes at most
     assert policy.running.mode in (Mode.RETRIEVAL_ONLY, Mode.TRIFORCE)
@@ -191,6 +191,31 @@ def test_no_retrieval_level_where_its_cache_holds_most_of_the_context():
     sim = FakeDecoder(**REGIMES[Mode.RETRIEVAL_ONLY])
     modes = [sim.cycle(policy, context=1500, budget=1024).mode for _ in range(60)]
     assert not any(m.uses_l1 for m in modes)
+
+
+def step_bytes(n: int) -> int:
+    """A target forward's bytes with n tokens held: 100 MB of weights, 40 KB of K/V a token."""
+    return 100_000_000 + 40_000 * n
+
+
+def test_l1_is_not_explored_where_its_bytes_say_it_cannot_pay():
+    """At a short context L1 reads nearly L2's bytes (here its forwards cost 0.85x L2's): while the
+    text copies, auto never spends a cycle on triforce or retrieval-only, before or after timing them."""
+    sim = FakeDecoder(accept={"l0_l2": 0.8, "l1_l2": 0.9, "l0_l1": 0.8}, l1=lambda n: 0.85 * (0.020 + 0.003 * n))
+    policy = AutoPolicy(step_bytes)
+    modes = [sim.cycle(policy, context=1024, budget=128).mode for _ in range(300)]
+    assert not any(m.uses_l1 for m in modes), Counter(modes)
+    assert Counter(modes[50:]).most_common(1)[0][0] is Mode.DRAFT_ONLY
+
+
+def test_l1_is_explored_where_its_bytes_say_it_may_pay_and_wins_there():
+    """At a long context the retrieval cache's bytes are a small share of L2's: L1 gets priced under
+    ar before it runs, is explored at short drafts, and retrieval-only wins the question regime."""
+    policy = AutoPolicy(step_bytes)
+    sim = FakeDecoder(**REGIMES[Mode.RETRIEVAL_ONLY])
+    modes = [sim.cycle(policy, context=32_000, budget=1024).mode for _ in range(300)]
+    assert Mode.RETRIEVAL_ONLY in modes[:12]
+    assert Counter(modes[100:])[Mode.RETRIEVAL_ONLY] >= 0.9 * 200, Counter(modes[100:])
 
 
 def test_a_fixed_mode_runs_as_set():
