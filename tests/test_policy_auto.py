@@ -20,8 +20,10 @@ class FakeDecoder:
     time over its forwards). Reports to the policy what HierarchicalDecoder reports."""
 
     def __init__(self, l2=lambda n: 0.020 + 0.003 * n, l1=lambda n: 0.018 + 0.003 * n,
-                 accept=None, overhead=None, seed=0) -> None:
+                 accept=None, overhead=None, seed=0, shadows=False) -> None:
         self.l2, self.l1 = l2, l1
+        self.shadows = shadows  # score n-gram lookups over cycles draft-only does not run, as the decoder does
+        self.position = 0  # the text is the token stream 0, 1, 2, ...: the token at position p is p
         self.accept = {"l0_l2": 0.5, "l1_l2": 0.5, "l0_l1": 0.5, **(accept or {})}
         self.overhead = {m: 1.05 for m in Mode} | (overhead or {})
         self.rng = random.Random(seed)
@@ -41,6 +43,10 @@ class FakeDecoder:
     def cycle(self, policy: AutoPolicy, settings: DecodeSettings = AUTO, context: int = 8000,
               budget: int = 1024) -> Structure:
         s = policy.choose(settings, True, context, budget)
+        asked = policy.wants_shadow(settings, s) if self.shadows else 0
+        if asked:  # a lookup right for its first k tokens (k drawn at draft-only's acceptance), then wrong
+            k = self._accepted("l0_l2", asked)
+            policy.shadow(self.position, [self.position + i for i in range(k)] + [-1] * (asked - k), asked)
         wall, tokens = 0.0, 1
         if s.mode is Mode.AR:
             wall = self._forward(policy, "l2", 1)
@@ -66,6 +72,9 @@ class FakeDecoder:
             tokens = k + 1
         self.spike = 1.0
         policy.realized(s, wall * self.overhead[s.mode], tokens)
+        self.position += tokens
+        if self.shadows:
+            policy.settle(list(range(self.position)))
         return s
 
     def run(self, policy: AutoPolicy, cycles: int, **kw) -> list[Mode]:
@@ -121,6 +130,21 @@ def test_a_stale_price_gets_retimed():
     modes = sim.run(policy, 6 * wait + 100)  # the modes off the incumbent take turns: two refreshes at most
     assert policy.running.mode in (Mode.RETRIEVAL_ONLY, Mode.TRIFORCE)
     assert sum(m.uses_l1 for m in modes[-100:]) >= 80  # (the rest: refreshes of the others)
+
+
+def test_draft_only_is_scored_while_another_structure_runs():
+    """n-gram lookups cost nothing, so while ar runs auto checks what draft-only would have drafted
+    against the target's tokens: when the text starts to copy, it moves to draft-only within a few
+    cycles, with no refresh."""
+    sim = FakeDecoder(**REGIMES[Mode.AR], shadows=True)
+    policy = AutoPolicy()
+    sim.run(policy, 100)
+    assert policy.running.mode is Mode.AR
+    probes = policy.schedule.explorations
+    sim.accept["l0_l2"] = 0.9
+    modes = sim.run(policy, 12)
+    assert policy.running.mode is Mode.DRAFT_ONLY, modes
+    assert policy.schedule.explorations == probes
 
 
 def test_a_dear_mode_is_re_timed_more_rarely():

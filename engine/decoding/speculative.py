@@ -20,7 +20,7 @@ import torch
 
 from engine.decoding.acceptance import penalty_counts, verify
 from engine.decoding.auto import AutoPolicy
-from engine.decoding.drafters import Draft, Drafter, NoDrafter, RetrievalDrafter, l0_draft
+from engine.decoding.drafters import Draft, Drafter, NgramDrafter, NoDrafter, RetrievalDrafter, l0_draft
 from engine.decoding.lookup_replay import ShadowLookups, kept_whole, rule_length
 from engine.decoding.measurements import StepCosts
 from engine.decoding.policy import Policy as LegacyPolicy
@@ -224,6 +224,10 @@ class HierarchicalDecoder:
         started, self._setup_s, self._forwards = time.perf_counter(), 0.0, []
         self.structure = st = self._choose(seq)
         drafter, count, boundary = self._compose(st)
+        shadow = self.auto_policy.wants_shadow(self.settings, st) if isinstance(self.drafter, NgramDrafter) else 0
+        if shadow:  # draft-only's check of this cycle, for free (AutoPolicy.shadow)
+            self.auto_policy.shadow(len(seq), self.drafter.propose(seq, shadow, self.settings.sampling, None).tokens,
+                                    shadow)
         draft = l0_draft([], None)
         lookup = 0.0  # seconds of n-gram lookups: modelled as free, and left out of the cycle's wall time
         if drafter is not None:
@@ -255,6 +259,12 @@ class HierarchicalDecoder:
                 self.policy.observe_novel(vocab.note(seq, emitted), len(emitted))
             if self._legacy:
                 self.legacy_lookups.learn(seq, emitted, boundary, self.drafter, st.mode)
+            elif self.auto_policy.shadows_open:
+                seq.extend(emitted)  # (in place and cut back: a copy of the sequence grows with the context)
+                try:
+                    self.auto_policy.settle(seq)
+                finally:
+                    del seq[-len(emitted):]
             if TRACE:
                 self._trace(st, len(draft.tokens), accepted, time.perf_counter() - started)
         return out

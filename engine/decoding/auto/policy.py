@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from engine.decoding.auto.cost_model import CostModel
 from engine.decoding.auto.schedule import SWITCH_MARGIN, Schedule
+from engine.decoding.lookup_replay import lookup_outcome
 from engine.decoding.structure import Structure
 from engine.events import CandidateCost
 from engine.settings import MAX_DRAFT, DecodeSettings, Mode
@@ -40,6 +41,7 @@ class AutoPolicy:
         self.candidates: tuple[CandidateCost, ...] = ()
         self.forced: list[Structure] | None = None  # tests: a script of structures, one per cycle, repeated
         self._ceiling = {"gamma1": MAX_DRAFT, "gamma2": MAX_DRAFT}  # the rule grows a length up to the settings'
+        self._shadows: list[tuple[int, list[int], int]] = []  # open shadow drafts: (position, tokens, length asked)
 
     @property
     def running(self) -> Structure | None:
@@ -48,7 +50,41 @@ class AutoPolicy:
         return None if mode is None else self.lengths.get(mode)
 
     def new_turn(self) -> None:
-        """A new prompt: acceptance, costs and the refresh wait carry over (the same model and machine)."""
+        """A new prompt: acceptance, costs and the refresh waits carry over (the same model and machine);
+        the last answer's open shadow drafts are dropped."""
+        self._shadows = []
+
+    def wants_shadow(self, settings: DecodeSettings, chosen: Structure) -> int:
+        """How many tokens of an n-gram lookup to score as a shadow draft-only check for a cycle that
+        `chosen` runs (0: none, e.g. draft-only runs it itself)."""
+        if Mode.of(settings.mode) is not Mode.AUTO or chosen.mode is Mode.DRAFT_ONLY:
+            return 0
+        rule = self.lengths.get(Mode.DRAFT_ONLY)
+        return 0 if rule is None else rule.gamma1
+
+    def shadow(self, position: int, lookup: list[int], asked: int) -> None:
+        """What the n-gram drafter proposes at `position` (a cycle's start) where draft-only does not
+        run it. A lookup draws nothing and costs microseconds, and a deterministic draft is accepted
+        exactly when the target's token equals it (under sampling with probability p(x)), so checked
+        against the tokens the target emits it is a draft-only check for free, and draft-only's price
+        stays current while another structure runs."""
+        self._shadows.append((position, lookup[:asked], asked))
+
+    @property
+    def shadows_open(self) -> bool:
+        return bool(self._shadows)
+
+    def settle(self, seq: list[int]) -> None:
+        """The sequence is now `seq`: score each open shadow draft whose fate it decides (a token
+        differs, or every token it offered is there), as draft-only's own cycles are scored."""
+        still_open = []
+        for position, tokens, asked in self._shadows:
+            _, matched, settled = lookup_outcome(tokens, seq, position)
+            if settled:
+                self.model.observe("l0_l2", asked, matched)
+            else:
+                still_open.append((position, tokens, asked))
+        self._shadows = still_open
 
     def wants_l1(self, settings: DecodeSettings, context_tokens: int, budget: int) -> bool:
         """Build the retrieval cache with the prompt, before the first token (as a fixed L1 mode
