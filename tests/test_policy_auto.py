@@ -109,11 +109,12 @@ def test_every_structure_is_explored_once_then_the_cheapest_runs():
 
 def test_exploration_is_bounded():
     """Over a long stable session the cycles off the winner are a few per cent, and grow with the log
-    of the session's length (the refresh wait doubles after each refresh that loses)."""
+    of the session's length (a mode's refresh wait doubles after each of its refreshes that loses)."""
     policy = AutoPolicy()
     modes = FakeDecoder(**REGIMES[Mode.DRAFT_ONLY]).run(policy, 2000)
     off = sum(m is not Mode.DRAFT_ONLY for m in modes)
-    # 4 explorations of 2 cycles, then at most 7 refreshes of 2 (16 * (2^7 - 1) > 2000)
+    # 4 explorations of 2 cycles, then refreshes of 2: a mode priced r times draft-only's is refreshed
+    # at most log2(2000 / (16 r)) times, and every mode here is priced at least ~2x
     assert off <= 4 * 2 + 7 * 2, off
     assert off <= policy.schedule.explorations <= off + 2  # (+ the winner's own exploration)
 
