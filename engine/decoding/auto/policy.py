@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from engine.decoding.auto.cost_model import LENGTH_STEP, CostModel
+from engine.decoding.auto.cost_model import CostModel
 from engine.decoding.auto.schedule import SWITCH_MARGIN, Schedule
 from engine.decoding.lookup_replay import lookup_outcome
 from engine.decoding.structure import Structure
@@ -42,7 +42,6 @@ class AutoPolicy:
         self.forced: list[Structure] | None = None  # tests: a script of structures, one per cycle, repeated
         self._ceiling = {"gamma1": MAX_DRAFT, "gamma2": MAX_DRAFT}  # the rule grows a length up to the settings'
         self._shadows: list[tuple[int, list[int], int]] = []  # open shadow drafts: (position, tokens, length asked)
-        self._shadowed = False  # this cycle opened a shadow draft
 
     @property
     def running(self) -> Structure | None:
@@ -56,14 +55,12 @@ class AutoPolicy:
         self._shadows = []
 
     def wants_shadow(self, settings: DecodeSettings, chosen: Structure) -> int:
-        """How many tokens of an n-gram lookup to score as a shadow draft-only check for the cycle
-        `chosen` runs (0: none): every length the model may price (LENGTH_STEP past the rule's), so
-        the depths past the running length are measured too, for free. Where draft-only runs the
-        cycle itself, its draft is the shadow's first tokens and the shadow stands for its check."""
-        rule = self.lengths.get(Mode.DRAFT_ONLY)
-        if Mode.of(settings.mode) is not Mode.AUTO or rule is None:
+        """How many tokens of an n-gram lookup to score as a shadow draft-only check for a cycle that
+        `chosen` runs (0: none, e.g. draft-only runs it itself)."""
+        if Mode.of(settings.mode) is not Mode.AUTO or chosen.mode is Mode.DRAFT_ONLY:
             return 0
-        return min(MAX_DRAFT, max(rule.gamma1, self._ceiling["gamma1"]) + LENGTH_STEP)
+        rule = self.lengths.get(Mode.DRAFT_ONLY)
+        return 0 if rule is None else rule.gamma1
 
     def shadow(self, position: int, lookup: list[int], asked: int) -> None:
         """What the n-gram drafter proposes at `position` (a cycle's start) where draft-only does not
@@ -72,7 +69,6 @@ class AutoPolicy:
         against the tokens the target emits it is a draft-only check for free, and draft-only's price
         stays current while another structure runs."""
         self._shadows.append((position, lookup[:asked], asked))
-        self._shadowed = True  # (this cycle's own draft-only check, if any, is the shadow's prefix)
 
     @property
     def shadows_open(self) -> bool:
@@ -116,7 +112,6 @@ class AutoPolicy:
     def choose(self, settings: DecodeSettings, has_l0: bool, context_tokens: int,
                budget: int | None = None, remaining: int | None = None) -> Structure:
         """The structure for the next cycle (`settings.mode` fixed and not settings.auto: that mode)."""
-        self._shadowed = False
         if self.forced:
             chosen = self.forced.pop(0)
             self.forced.append(chosen)
@@ -158,8 +153,7 @@ class AutoPolicy:
         s = self.current  # what this cycle runs; the rule moves the mode's next lengths
         field = LENGTH_OF.get((s.mode, boundary)) if s is not None else None
         asked = getattr(s, field) if field is not None else proposed
-        if not (boundary == "l0_l2" and self._shadowed):  # (else the shadow draft scores this check)
-            self.model.observe(boundary, max(proposed, asked) if boundary.startswith("l0") else proposed, accepted)
+        self.model.observe(boundary, max(proposed, asked) if boundary.startswith("l0") else proposed, accepted)
         if field is not None and s.mode in self.lengths:
             rule = self.lengths[s.mode]
             length = next_length(getattr(rule, field), asked, proposed, accepted, self._ceiling[field])
