@@ -10,9 +10,11 @@ from engine.errors import InvalidSettingError
 
 class Mode(str, enum.Enum):
     """A decoding structure: which levels draft for the target. `auto` picks one of the fixed four
-    online (engine/decoding/policy.py). A str enum, so `Mode.AR == "ar"` and settings keep strings."""
+    online (engine/decoding/auto/). A str enum, so `Mode.AR == "ar"` and settings keep strings.
+    `auto-legacy` is the previous policy (engine/decoding/policy.py), kept for side-by-side benches only."""
 
     AUTO = "auto"
+    AUTO_LEGACY = "auto-legacy"
     AR = "ar"
     DRAFT_ONLY = "draft-only"
     RETRIEVAL_ONLY = "retrieval-only"
@@ -21,12 +23,17 @@ class Mode(str, enum.Enum):
     @property
     def uses_l0(self) -> bool:
         """May this mode run the L0 drafter (so its model and cache must exist)?"""
-        return self in (Mode.AUTO, Mode.DRAFT_ONLY, Mode.TRIFORCE)
+        return self in (Mode.AUTO, Mode.AUTO_LEGACY, Mode.DRAFT_ONLY, Mode.TRIFORCE)
 
     @property
     def uses_l1(self) -> bool:
         """May this mode run L1 (the target on the retrieval cache)?"""
-        return self in (Mode.AUTO, Mode.RETRIEVAL_ONLY, Mode.TRIFORCE)
+        return self in (Mode.AUTO, Mode.AUTO_LEGACY, Mode.RETRIEVAL_ONLY, Mode.TRIFORCE)
+
+    @property
+    def chosen_online(self) -> bool:
+        """Does a policy pick the structure each cycle (auto, or the legacy auto)?"""
+        return self in (Mode.AUTO, Mode.AUTO_LEGACY)
 
     @staticmethod
     def of(value: "str | Mode") -> "Mode":
@@ -37,8 +44,9 @@ class Mode(str, enum.Enum):
             raise InvalidSettingError(f"mode {value!r} is unknown: use one of {', '.join(MODES)}") from None
 
 
-MODES = tuple(m.value for m in Mode)  # "auto" first: the default
-FIXED_MODES = tuple(m for m in Mode if m is not Mode.AUTO)
+MODES = tuple(m.value for m in Mode if m is not Mode.AUTO_LEGACY)  # "auto" first: the default
+BENCH_MODES = MODES + (Mode.AUTO_LEGACY.value,)  # what the bench may run side by side
+FIXED_MODES = tuple(m for m in Mode if not m.chosen_online)
 MAX_DRAFT = 16  # the most tokens L0 drafts per L1 forward (gamma1's upper bound)
 
 

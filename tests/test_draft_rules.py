@@ -170,7 +170,7 @@ def test_the_decoder_drafts_the_long_length_exactly_after_a_kept_draft_and_stays
     messages = [ChatMessage("user", "Repeat the first lines of the play.")]
     ar = ChatSession(tiny, DecodeSettings(mode="ar", max_new_tokens=64), draft="none", capacity=2048)
     reference, _ = answer_tokens(ar, messages, doc)
-    session = ChatSession(tiny, AUTO.replace(max_new_tokens=64), draft="ngram", capacity=2048)
+    session = ChatSession(tiny, AUTO.replace(mode="auto-legacy", max_new_tokens=64), draft="ngram", capacity=2048)
     decoder = session.decoder
     decoder.policy.forced = [Structure(Mode.DRAFT_ONLY, 1, 1, 6)]
     asked, outcomes, propose = [], [], decoder.drafter.propose

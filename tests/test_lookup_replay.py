@@ -179,7 +179,7 @@ def test_auto_logs_a_lookup_at_every_position_and_stays_identical_to_ar(tiny, sa
     messages = [ChatMessage("user", "Repeat the first line of the play.")]
     ar = ChatSession(tiny, DecodeSettings(mode="ar", max_new_tokens=48), draft="none", capacity=2048)
     reference, _ = answer_tokens(ar, messages, doc)
-    session = ChatSession(tiny, AUTO.replace(max_new_tokens=48), draft="ngram", capacity=2048)
+    session = ChatSession(tiny, AUTO.replace(mode="auto-legacy", max_new_tokens=48), draft="ngram", capacity=2048)
     session.decoder.policy.forced = [Structure(Mode.AR), Structure(Mode.DRAFT_ONLY, 3, 1),
                                      Structure(Mode.TRIFORCE, 2, 3), Structure(Mode.DRAFT_ONLY, 6, 1)]
     script = [s.mode for s in session.decoder.policy.forced]  # (the list rotates as it runs)

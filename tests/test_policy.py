@@ -291,7 +291,7 @@ def test_forced_switches_every_cycle_stay_identical_to_ar(tiny, sample_text, dra
     messages = [ChatMessage("user", "Repeat the first line of the play.")]
     ar = ChatSession(tiny, DecodeSettings(mode="ar", max_new_tokens=48), draft="none", capacity=2048)
     reference, _ = answer_tokens(ar, messages, doc)
-    session = ChatSession(tiny, AUTO.replace(max_new_tokens=48), draft=tiny if drafter == "self" else drafter,
+    session = ChatSession(tiny, AUTO.replace(mode="auto-legacy", max_new_tokens=48), draft=tiny if drafter == "self" else drafter,
                           capacity=2048)
     session.decoder.policy.forced = list(FIXED)
     got, final = answer_tokens(session, messages, doc)
@@ -309,11 +309,11 @@ def test_auto_scores_the_ngram_drafter_on_cycles_it_took_no_part_in(tiny, sample
     messages = [ChatMessage("user", "Repeat the first line of the play.")]
     ar = ChatSession(tiny, DecodeSettings(mode="ar", max_new_tokens=64), draft="none", capacity=2048)
     reference, _ = answer_tokens(ar, messages, doc)
-    session = ChatSession(tiny, AUTO.replace(max_new_tokens=64), draft="ngram", capacity=2048)
+    session = ChatSession(tiny, AUTO.replace(mode="auto-legacy", max_new_tokens=64), draft="ngram", capacity=2048)
     session.decoder.policy.forced = [Structure(Mode.AR)]
-    seen, learn = [], session.decoder._learn_lookups  # each ar cycle: (sequence before it, its tokens)
-    session.decoder._learn_lookups = lambda seq, emitted, boundary: (seen.append((list(seq), list(emitted))),
-                                                                     learn(seq, emitted, boundary))
+    lookups = session.decoder.legacy_lookups
+    seen, learn = [], lookups.learn  # each ar cycle: (sequence before it, its tokens)
+    lookups.learn = lambda seq, emitted, *rest: (seen.append((list(seq), list(emitted))), learn(seq, emitted, *rest))
     got, _ = answer_tokens(session, messages, doc)
     assert got == reference
     assert len(seen) >= 20 and all(len(emitted) == 1 for _, emitted in seen)  # one token per ar cycle
@@ -336,8 +336,8 @@ def test_auto_scores_the_ngram_drafter_on_cycles_it_took_no_part_in(tiny, sample
     acc = session.decoder.policy.acceptance["l0_l2"]
     assert acc.proposals == proposals - len(still_open) and acc.nonempty == nonempty - len(still_open) > 0
     assert (acc.accepted, acc.tested) == (accepted, tested)
-    assert [m for _, _, m in session.decoder._shadows] == still_open  # the last ones wait for more tokens
-    session.decoder._close_shadows()  # as the next prompt does: what matched so far counts
+    assert [m for _, _, m in lookups.shadows] == still_open  # the last ones wait for more tokens
+    lookups.close()  # as the next prompt does: what matched so far counts
     assert acc.accepted == accepted + sum(still_open) and acc.proposals == proposals
 
 
@@ -346,31 +346,32 @@ def test_a_shadow_draft_is_settled_by_the_tokens_of_later_cycles(tiny, monkeypat
     target confirms, settled at the first that differs, and counted as matched so far if the
     answer ends first."""
     monkeypatch.setattr(measurements, "ACCEPTANCE_FORGET", 1.0)
-    decoder = ChatSession(tiny, AUTO, draft="ngram", capacity=256).decoder
+    decoder = ChatSession(tiny, AUTO.replace(mode="auto-legacy"), draft="ngram", capacity=256).decoder
     acc = decoder.policy.acceptance["l0_l2"]
+    shadows = decoder.legacy_lookups
     prompt = [7] * 10
-    decoder._shadows = [(10, [1, 2, 3, 4], 0)]  # guesses for positions 10-13
-    decoder._settle_shadows(prompt + [1])  # an ar cycle confirms position 10
-    decoder._settle_shadows(prompt + [1, 2, 3])  # a longer cycle confirms 11 and 12
-    assert acc.tested == 0 and decoder._shadows == [(10, [1, 2, 3, 4], 3)]
-    decoder._settle_shadows(prompt + [1, 2, 3, 9])  # position 13 differs: 3 of 4 accepted
-    assert (acc.accepted, acc.tested, acc.proposals) == (3, 4, 1) and decoder._shadows == []
-    decoder._shadows = [(14, [5, 6], 0)]
-    decoder._settle_shadows(prompt + [1, 2, 3, 9, 5])
-    decoder._close_shadows()  # the answer ended after one confirmed token
-    assert (acc.accepted, acc.tested, acc.proposals) == (4, 5, 2) and decoder._shadows == []
+    shadows.shadows = [(10, [1, 2, 3, 4], 0)]  # guesses for positions 10-13
+    shadows.settle(prompt + [1])  # an ar cycle confirms position 10
+    shadows.settle(prompt + [1, 2, 3])  # a longer cycle confirms 11 and 12
+    assert acc.tested == 0 and shadows.shadows == [(10, [1, 2, 3, 4], 3)]
+    shadows.settle(prompt + [1, 2, 3, 9])  # position 13 differs: 3 of 4 accepted
+    assert (acc.accepted, acc.tested, acc.proposals) == (3, 4, 1) and shadows.shadows == []
+    shadows.shadows = [(14, [5, 6], 0)]
+    shadows.settle(prompt + [1, 2, 3, 9, 5])
+    shadows.close()  # the answer ended after one confirmed token
+    assert (acc.accepted, acc.tested, acc.proposals) == (4, 5, 2) and shadows.shadows == []
 
 
 def test_auto_reports_what_it_runs_and_weighs(tiny, sample_text):
     doc = [DocumentText("Hamlet", sample_text[:3000])]
     messages = [ChatMessage("user", "Go on.")]
-    session = ChatSession(tiny, AUTO.replace(max_new_tokens=40), draft="ngram", capacity=2048)
+    session = ChatSession(tiny, AUTO.replace(mode="auto-legacy", max_new_tokens=40), draft="ngram", capacity=2048)
     ar = ChatSession(tiny, DecodeSettings(mode="ar", max_new_tokens=40), draft="none", capacity=2048)
     reference, _ = answer_tokens(ar, messages, doc)
     got, final = answer_tokens(session, messages, doc)
     assert got == reference
     m = final.metrics
-    assert m.mode == "auto" and m.structure.split()[0] in {"ar", "draft-only", "retrieval-only", "triforce"}
+    assert m.mode == "auto-legacy" and m.structure.split()[0] in {"ar", "draft-only", "retrieval-only", "triforce"}
     assert len(m.candidates) == 4 and all(c.ms_per_token > 0 for c in m.candidates)
     second, final2 = answer_tokens(session, messages + [ChatMessage("assistant", final.text),
                                                         ChatMessage("user", "Again.")], doc)
@@ -420,7 +421,7 @@ def test_bundled_auto_and_forced_switches_match_ar(bundled_model_dir, sample_pas
     messages = [ChatMessage("user", "Continue the play from where the text stops.")]
     session = ChatSession(model, DecodeSettings(mode="ar", max_new_tokens=24), draft="ngram", capacity=4096)
     reference, _ = answer_tokens(session, messages, doc)
-    session.update_settings(DecodeSettings(mode="auto", budget=256, chunk=16, max_new_tokens=24))
+    session.update_settings(DecodeSettings(mode="auto-legacy", budget=256, chunk=16, max_new_tokens=24))
     for script in (None, list(FIXED)):
         session.decoder.policy.forced = script
         got, final = answer_tokens(session, messages, doc)
@@ -520,7 +521,7 @@ def test_decode_starts_with_the_ngram_index_built_and_l1_selected_when_auto_ran_
     the n-gram index over the prompt, and (auto, when its last structure ran L1) the retrieval
     cache's selection, as a fixed triforce mode does."""
     doc = [DocumentText("Hamlet", sample_text[:3000])]
-    session = ChatSession(tiny, DecodeSettings(mode="auto", budget=64, chunk=16, max_new_tokens=8),
+    session = ChatSession(tiny, DecodeSettings(mode="auto-legacy", budget=64, chunk=16, max_new_tokens=8),
                           draft="ngram", capacity=2048)
     session.decoder.policy.forced = [Structure(Mode.TRIFORCE, 2, 3)]
     answer_tokens(session, [ChatMessage("user", "Who is Horatio?")], doc)
@@ -737,7 +738,7 @@ def test_setting_up_the_retrieval_cache_is_not_charged_to_the_cycle_that_needed_
     time the policy learns from leaves it out (it made retrieval-only look 2x dearer at qa 8K after
     its one exploration cycle)."""
     doc = [DocumentText("Hamlet", sample_text[:3000])]
-    session = ChatSession(tiny, AUTO.replace(max_new_tokens=24), draft="ngram", capacity=2048)
+    session = ChatSession(tiny, AUTO.replace(mode="auto-legacy", max_new_tokens=24), draft="ngram", capacity=2048)
     decoder = session.decoder
     decoder.policy.forced = [Structure(Mode.AR), Structure(Mode.AR), Structure(Mode.RETRIEVAL_ONLY, 1, 3)]
     rebuild, walls = decoder.rebuild, []
@@ -833,7 +834,7 @@ def test_a_turn_starts_with_l1_selected_when_auto_would_run_it_if_free():
 
 def test_a_session_selects_l1_up_front_when_the_policy_expects_it(tiny, sample_text, monkeypatch):
     doc = [DocumentText("Hamlet", sample_text[:3000])]
-    session = ChatSession(tiny, DecodeSettings(mode="auto", budget=64, chunk=16, max_new_tokens=8),
+    session = ChatSession(tiny, DecodeSettings(mode="auto-legacy", budget=64, chunk=16, max_new_tokens=8),
                           draft="ngram", capacity=2048)
     session.decoder.policy.forced = [Structure(Mode.AR)]
     answer_tokens(session, [ChatMessage("user", "Who is Horatio?")], doc)
@@ -851,7 +852,7 @@ def test_a_sessions_first_turn_builds_the_retrieval_cache_up_front_and_times_it(
     47 at 8K on a Zen 4, in answers of 340 and 700 ms) is built before the first token instead, as
     fixed L1 modes do; its time prices later builds. Later turns that did not run L1 stay lazy."""
     doc = [DocumentText("Hamlet", sample_text[:3000])]
-    session = ChatSession(tiny, DecodeSettings(mode="auto", budget=64, chunk=16, max_new_tokens=8),
+    session = ChatSession(tiny, DecodeSettings(mode="auto-legacy", budget=64, chunk=16, max_new_tokens=8),
                           draft="ngram", capacity=2048)
     policy = session.decoder.policy
     policy.forced = [Structure(Mode.AR)]  # the answers themselves never touch L1
@@ -872,7 +873,7 @@ def test_an_answer_that_ended_on_a_probe_of_ar_still_counts_as_run_on_l1(tiny, s
     p._probe(Structure(Mode.AR))
     assert p.current.mode is Mode.AR and p.running == incumbent
     doc = [DocumentText("Hamlet", sample_text[:3000])]
-    session = ChatSession(tiny, DecodeSettings(mode="auto", budget=64, chunk=16, max_new_tokens=8),
+    session = ChatSession(tiny, DecodeSettings(mode="auto-legacy", budget=64, chunk=16, max_new_tokens=8),
                           draft="ngram", capacity=2048)
     monkeypatch.setattr(Policy, "l1_ahead", lambda self, *a, **k: False)
     session.decoder.policy.forced = [Structure(Mode.AR)]
@@ -908,7 +909,7 @@ def test_a_rejection_at_a_token_l1_could_not_propose_is_priced_as_new_not_as_l1_
     monkeypatch.setattr(measurements, "ACCEPTANCE_FORGET", 1.0)
     monkeypatch.setattr(measurements, "NOVEL_FORGET", 1.0)
     doc = [DocumentText("Hamlet", sample_text[:3000])]
-    session = ChatSession(tiny, DecodeSettings(mode="auto", budget=64, chunk=16, max_new_tokens=40),
+    session = ChatSession(tiny, DecodeSettings(mode="auto-legacy", budget=64, chunk=16, max_new_tokens=40),
                           draft="ngram", capacity=2048)
     session.decoder.policy.forced = [Structure(Mode.RETRIEVAL_ONLY, 1, 4)]
     got, _ = answer_tokens(session, [ChatMessage("user", "Repeat the first line of the play.")], doc)

@@ -79,7 +79,7 @@ def test_the_decoder_reports_the_forwards_each_cycle_ran(tiny, sample_text):
     """Each cycle's report to the policy lists its forwards: L1's, each at the tokens it checked,
     then L2's one check of the draft and the pending token (ar: that check alone)."""
     doc = [DocumentText("Hamlet", sample_text[:3000])]
-    session = ChatSession(tiny, AUTO.replace(max_new_tokens=24), draft="ngram", capacity=2048)
+    session = ChatSession(tiny, AUTO.replace(mode="auto-legacy", max_new_tokens=24), draft="ngram", capacity=2048)
     decoder = session.decoder
     decoder.policy.forced = [Structure(Mode.AR), Structure(Mode.TRIFORCE, 2, 3), Structure(Mode.RETRIEVAL_ONLY, 1, 3)]
     seen, realized = [], decoder.policy.realized

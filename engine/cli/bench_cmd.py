@@ -9,9 +9,9 @@ import time
 from engine.cli import validate as v
 from engine.cli.chat_cmd import add_decode_arguments, build_settings
 from engine.errors import InvalidSettingError
-from engine.settings import MODES
+from engine.settings import BENCH_MODES
 
-ALL_METHODS = MODES + ("hf", "hf-lookup", "llama.cpp")
+ALL_METHODS = BENCH_MODES + ("hf", "hf-lookup", "llama.cpp")
 
 
 def register(subparsers) -> None:

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from engine.decoding.drafters import common_prefix
+from engine.decoding.drafters import NgramDrafter, common_prefix
 
 LOOKUP_TOKENS = 8  # tokens of each lookup checked against the target's: draft-only's longest replayable draft
 # the replay covers the last 192 settled positions (about three answers): a shorter window rates
@@ -213,3 +213,67 @@ class LookupLog:
             size, gain = draft_cycle(*item, gamma)
             seconds, tokens, after = seconds + forward(size), tokens + gain, at + gain
         return seconds, tokens
+
+
+class ShadowLookups:
+    """auto-legacy's n-gram lookups over cycles draft-only did not run: what the n-gram drafter would
+    have proposed at each position a cycle covered (for `LookupLog`'s replay), and shadow drafts
+    scored against the tokens the target then emitted (draft-only's acceptance while another
+    structure runs). Nothing is drawn: the output is untouched."""
+
+    SHADOW_TOKENS = 8  # tokens of a shadow lookup checked against what the target emits
+
+    def __init__(self, policy) -> None:
+        self.policy = policy  # has `lookups` (a LookupLog) and `observe(boundary, proposed, accepted)`
+        self.shadows: list[tuple[int, list[int], int]] = []  # open shadow drafts: (start, tokens, matched so far)
+
+    def learn(self, seq: list[int], emitted: list[int], boundary: str, drafter, mode) -> None:
+        """A cycle of `mode` checked at `boundary` and emitted `emitted` after `seq`: log the lookups
+        over its positions, open a shadow draft at its start (unless draft-only ran it), settle the
+        open ones. Read off `seq` extended in place and cut back after (a copy of the whole
+        sequence per cycle grows with the context)."""
+        if not isinstance(drafter, NgramDrafter):
+            return
+        start = len(seq)
+        seq.extend(emitted)
+        try:
+            log = self.policy.lookups
+            lookups = drafter.propose_each(seq, start, LOOKUP_TOKENS)  # [tokens emitted] lists, in order
+            for offset, tokens in enumerate(lookups):
+                log.add(start + offset, tokens, mode)
+            log.settle(seq)
+            if lookups and boundary != "l0_l2":
+                self.shadow(start, lookups[0])
+            self.settle(seq)
+        finally:
+            del seq[start:]
+
+    def shadow(self, start: int, lookup: list[int]) -> None:
+        """Open a shadow draft: what the drafter proposes from the sequence's first `start` tokens. A
+        deterministic draft is accepted exactly when the target's own token equals it (under sampling
+        with probability p(x)), so its matched prefix is an unbiased draft-only acceptance sample."""
+        tokens = lookup[:self.SHADOW_TOKENS]
+        if not tokens:
+            self.policy.observe("l0_l2", 0, 0)  # an empty lookup: counts against the hit rate
+            return
+        self.shadows.append((start, tokens, 0))  # tokens[i] guesses the token at start + i
+
+    def settle(self, now: list[int]) -> None:
+        """The sequence is now `now`: settle each open shadow draft whose fate is known (a token
+        differs, or every token it offered is there); the others wait for the next cycle."""
+        open_ = []
+        for start, tokens, _ in self.shadows:
+            known, matched, settled = lookup_outcome(tokens, now, start)
+            if settled:
+                self.policy.observe("l0_l2", known, matched)
+            else:
+                open_.append((start, tokens, matched))
+        self.shadows = open_
+
+    def close(self) -> None:
+        """The answer ended: what is still open matched every token it saw (at least one); count
+        those as accepted. The lookup log closes its answer too."""
+        for _, _, matched in self.shadows:
+            self.policy.observe("l0_l2", matched, matched)
+        self.shadows = []
+        self.policy.lookups.close()

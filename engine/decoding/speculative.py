@@ -10,6 +10,8 @@ output exactly distributed as the target alone, whichever structure ran the cycl
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -17,10 +19,11 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.decoding.acceptance import penalty_counts, verify
+from engine.decoding.auto import AutoPolicy
 from engine.decoding.drafters import Draft, Drafter, NgramDrafter, NoDrafter, RetrievalDrafter, l0_draft
-from engine.decoding.lookup_replay import LOOKUP_TOKENS, kept_whole, lookup_outcome, rule_length
+from engine.decoding.lookup_replay import ShadowLookups, kept_whole, rule_length
 from engine.decoding.measurements import StepCosts
-from engine.decoding.policy import Policy
+from engine.decoding.policy import Policy as LegacyPolicy
 from engine.decoding.structure import Structure
 from engine.events import Level, LevelStats
 from engine.kv.full import FullCache
@@ -28,6 +31,8 @@ from engine.kv.retrieval import RetrievalCache
 from engine.model.draft_vocab import DraftVocabulary
 from engine.model.runner import LlamaRunner
 from engine.settings import DecodeSettings, Mode
+
+TRACE = bool(os.environ.get("TRIFORCE_TRACE_AUTO"))  # one line a cycle on stderr under auto: what ran, what it cost
 
 
 @dataclass
@@ -79,7 +84,10 @@ class HierarchicalDecoder:
         # across cycles, as its slice of the head is rebuilt only when the subset grows
         self.l1_vocab = DraftVocabulary.for_runner(runner)
         self.stats = DecodeStats()
-        self.policy = Policy()
+        self._weight_bytes: tuple[int, int] | None = None  # (weights, K/V per token held), read once
+        self.auto_policy = AutoPolicy(self._step_bytes)
+        self.legacy_policy = LegacyPolicy()  # mode auto-legacy: the previous policy, for side-by-side runs
+        self.legacy_lookups = ShadowLookups(self.legacy_policy)  # ... and the n-gram lookups it learns from
         self.structure: Structure | None = None  # what the last cycle ran
         self._prompt_query: list[torch.Tensor] | None = None
         self._recent_l2 = deque(maxlen=8)  # per-verification acceptance rates at L2 of L1's drafts
@@ -91,8 +99,29 @@ class HierarchicalDecoder:
         self._budget: int | None = None  # the policy's retrieval budget (None: the settings')
         self.l1_verify = verify  # the acceptance rule at L1 (tests swap in a known-buggy variant)
         self.answer_start: int | None = None  # seq[answer_start:] is the answer (the repetition penalty counts it)
-        self._shadows: list[tuple[int, list[int], int]] = []  # open shadow drafts: (start, tokens, matched so far)
         self._kept_whole = False  # the last cycle was draft-only and kept its whole draft
+
+    def _step_bytes(self, tokens: int) -> int:
+        """Bytes a target forward reads with `tokens` tokens held: its weights and their K/V."""
+        if self._weight_bytes is None:
+            a, r = self.runner.arch, self.runner
+            kv_element = torch.tensor([], dtype=getattr(r, "kv_dtype", r.dtype)).element_size()
+            self._weight_bytes = int(r.nbytes()), 2 * a.n_layers * a.n_kv_heads * a.head_dim * kv_element
+        weights, per_token = self._weight_bytes
+        return weights + per_token * tokens
+
+    @property
+    def _legacy(self) -> bool:
+        return Mode.of(self.settings.mode) is Mode.AUTO_LEGACY
+
+    @property
+    def policy(self) -> AutoPolicy | LegacyPolicy:
+        """The policy in force: auto-legacy's under that mode, else auto's (mode auto, or settings.auto)."""
+        return self.legacy_policy if self._legacy else self.auto_policy
+
+    def _policy_settings(self) -> DecodeSettings:
+        """The settings the policy reads (the legacy policy knows its mode as auto)."""
+        return self.settings.replace(mode="auto") if self._legacy else self.settings
 
     # --- retrieval cache management ------------------------------------------------------------
     def budget(self) -> int:
@@ -108,21 +137,29 @@ class HierarchicalDecoder:
         self._prompt_query = prompt_query
         self._recent_l2.clear()
         self.answer_start = self.full.length  # the cache holds the prompt: the answer starts after it
-        self._close_shadows()  # (the last answer's: its tokens are all known by now)
         self._kept_whole = False
-        self.policy.lookups.close()
         self.policy.new_turn()
+        if not self._legacy:
+            self._budget = None
+            mode = Mode.of(self.settings.mode)
+            if mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY) or (mode is Mode.AUTO and self.auto_policy.wants_l1(
+                    self.settings, self.full.length, self.budget())):
+                self.rebuild()  # with the prompt, as a fixed L1 mode does
+            else:
+                self._stale = True
+            return
+        self.legacy_lookups.close()  # (the last answer's: its tokens are all known by now)
         if self._policy_learns():  # each turn: the budget from what the last turns measured
             current = self.budget()
             fits = self.full.length // self.settings.chunk * self.settings.chunk
-            self._budget = min(self.policy.choose_budget(self.settings, current, self.full.length), fits)
+            self._budget = min(self.policy.choose_budget(self._policy_settings(), current, self.full.length), fits)
             if self._budget < 2 * self.settings.chunk:
                 self._budget = None
         else:
             self._budget = None
         mode, last = Mode.of(self.settings.mode), self.policy.running
-        auto_l1 = mode is Mode.AUTO and ((last is not None and last.mode.uses_l1) or self.policy.l1_ahead(
-            self.settings, not isinstance(self.drafter, NoDrafter), self.full.length, self.budget()))
+        auto_l1 = mode is Mode.AUTO_LEGACY and ((last is not None and last.mode.uses_l1) or self.policy.l1_ahead(
+            self._policy_settings(), not isinstance(self.drafter, NoDrafter), self.full.length, self.budget()))
         if mode in (Mode.TRIFORCE, Mode.RETRIEVAL_ONLY) or auto_l1:
             started = time.perf_counter()
             self.rebuild()  # with the prompt, as a fixed mode does (auto: it ran L1 last or expects to)
@@ -176,7 +213,7 @@ class HierarchicalDecoder:
     def _choose(self, seq: list[int]) -> Structure:
         has_l0 = not isinstance(self.drafter, NoDrafter)
         left = None if self.answer_start is None else self.settings.max_new_tokens - (len(seq) - self.answer_start)
-        st = self.policy.choose(self.settings, has_l0, len(seq), self.budget(), remaining=left)
+        st = self.policy.choose(self._policy_settings(), has_l0, len(seq), self.budget(), remaining=left)
         if len(seq) + st.speculation_tokens() > self.full.capacity:  # the last tokens of a full cache
             st = Structure(Mode.AR)
         if self.structure is not None and st.mode is not self.structure.mode:
@@ -187,6 +224,10 @@ class HierarchicalDecoder:
         started, self._setup_s, self._forwards = time.perf_counter(), 0.0, []
         self.structure = st = self._choose(seq)
         drafter, count, boundary = self._compose(st)
+        shadow = self.auto_policy.wants_shadow(self.settings, st) if isinstance(self.drafter, NgramDrafter) else 0
+        if shadow:  # draft-only's check of this cycle, for free (AutoPolicy.shadow)
+            self.auto_policy.shadow(len(seq), self.drafter.propose(seq, shadow, self.settings.sampling, None).tokens,
+                                    shadow)
         draft = l0_draft([], None)
         lookup = 0.0  # seconds of n-gram lookups: modelled as free, and left out of the cycle's wall time
         if drafter is not None:
@@ -208,7 +249,7 @@ class HierarchicalDecoder:
                 self._recent_l2.append(accepted / len(draft.tokens))
             self._since_rebuild += len(out)
         if self._policy_learns():
-            if self._setup_s:
+            if self._setup_s and self._legacy:
                 self.policy.l1_setup(self._setup_s)
             self.policy.realized(st, time.perf_counter() - started - lookup - self._setup_s, len(out),
                                  checked=len(draft.tokens) + 1, forwards=self._forwards)
@@ -216,79 +257,23 @@ class HierarchicalDecoder:
             vocab = self.l1_vocab
             if vocab is not None and vocab.active:  # the tokens L1 could not have proposed, whatever ran
                 self.policy.observe_novel(vocab.note(seq, emitted), len(emitted))
-            if self.settings.mode == Mode.AUTO:
-                self._learn_lookups(seq, emitted, boundary)
+            if self._legacy:
+                self.legacy_lookups.learn(seq, emitted, boundary, self.drafter, st.mode)
+            elif self.auto_policy.shadows_open:
+                seq.extend(emitted)  # (in place and cut back: a copy of the sequence grows with the context)
+                try:
+                    self.auto_policy.settle(seq)
+                finally:
+                    del seq[-len(emitted):]
+            if TRACE:
+                self._trace(st, len(draft.tokens), accepted, time.perf_counter() - started)
         return out
 
-    def _learn_lookups(self, seq: list[int], emitted: list[int], boundary: str) -> None:
-        """What the n-gram drafter would have proposed over this cycle's positions, for the policy
-        (_log_lookups, _shadow_l0, _settle_shadows), read off `seq` extended by `emitted` in place
-        and cut back after: a copy of the whole sequence per cycle grows with the context."""
-        start = len(seq)
-        seq.extend(emitted)
-        try:
-            first = self._log_lookups(seq, start)
-            if first is not None and boundary != "l0_l2":
-                self._shadow_l0(start, first)
-            self._settle_shadows(seq)
-        finally:
-            del seq[start:]
-
-    SHADOW_TOKENS = 8  # tokens of a shadow lookup checked against what the target emits
-
-    def _shadow_l0(self, start: int, lookup: list[int]) -> None:
-        """Score an n-gram drafter against a cycle it took no part in, for free: what it would have
-        proposed from the sequence's first `start` tokens, checked against the tokens the target
-        emits from there on, in this cycle and the next ones (_settle_shadows). A deterministic draft is accepted exactly when
-        the target's own token equals it (under sampling with probability p(x), the chance that
-        the emitted sample is x), so its matched prefix is an unbiased draft-only acceptance sample.
-        (Checked against this cycle's tokens alone, an ar cycle could confirm one token of it only,
-        and ar would run on through copies that draft-only yields several tokens a cycle on.)
-        draft-only's estimate then stays current while another
-        structure runs, and needs no exploration cycles of its own. The output is untouched: the
-        lookup draws nothing and comes after the cycle. `lookup`: what the n-gram drafter proposes
-        there, the lookup log's first entry of this cycle (_log_lookups)."""
-        tokens = lookup[:self.SHADOW_TOKENS]
-        if not tokens:
-            self.policy.observe("l0_l2", 0, 0)  # an empty lookup: counts against the hit rate
-            return
-        self._shadows.append((start, tokens, 0))  # tokens[i] guesses the token at start + i
-
-    def _settle_shadows(self, now: list[int]) -> None:
-        """The sequence is now `now`: settle each open shadow draft whose fate is known (a token
-        differs, or every token it offered is there); the others wait for the next cycle."""
-        open_ = []
-        for start, tokens, _ in self._shadows:  # made at an earlier cycle or this one
-            known, matched, settled = lookup_outcome(tokens, now, start)
-            if settled:
-                self.policy.observe("l0_l2", known, matched)
-            else:
-                open_.append((start, tokens, matched))
-        self._shadows = open_
-
-    def _log_lookups(self, known: list[int], start: int) -> list[int] | None:
-        """Ask the n-gram drafter what it would propose at each position this cycle covered (the
-        cycle's start, `start`, and each token it emitted but the last; `known`: the sequence with
-        them), for the policy's replay of draft-only
-        (engine/decoding/lookup_replay.py); settle the lookups the new tokens decide. In position
-        order, so the drafter's index only moves forward. Nothing is drawn: the output is untouched.
-        Returns the lookup at the cycle's start (the shadow draft's), None without an n-gram drafter."""
-        if not isinstance(self.drafter, NgramDrafter):
-            return None
-        log = self.policy.lookups
-        lookups = self.drafter.propose_each(known, start, LOOKUP_TOKENS)  # [tokens emitted] lists
-        emitted_by = self.structure.mode  # (set by this cycle's step)
-        for offset, tokens in enumerate(lookups):
-            log.add(start + offset, tokens, emitted_by)
-        log.settle(known)
-        return lookups[0] if lookups else None
-
-    def _close_shadows(self) -> None:
-        """The answer ended: what is still open matched every token it saw (at least one); count
-        those as accepted, the rest unknown."""
-        for _, _, matched in self._shadows:
-            self.policy.observe("l0_l2", matched, matched)
-        self._shadows = []
+    def _trace(self, st: Structure, drafted: int, accepted: int, seconds: float) -> None:
+        """A cycle's line for TRIFORCE_TRACE_AUTO: the policy, structure, draft, yield, wall time and prices."""
+        prices = " ".join(f"{c.structure}={c.ms_per_token:.1f}" for c in self.policy.candidates)
+        print(f"[auto] {Mode.of(self.settings.mode).value} {st.label} drafted={drafted} accepted={accepted} "
+              f"ms={seconds * 1000:.1f} | {prices}", file=sys.stderr)
 
     def choice_metrics(self) -> dict:
         """Metrics fields saying what ran and, under auto, what the policy weighed."""
@@ -303,7 +288,7 @@ class HierarchicalDecoder:
     # the policy learns only from cycles it chose (mode auto, or settings.auto), so a fixed mode run
     # before it (the bench's other methods) teaches it nothing
     def _policy_learns(self) -> bool:
-        return self.settings.auto or self.settings.mode == Mode.AUTO
+        return self.settings.auto or Mode.of(self.settings.mode).chosen_online
 
     def set_up(self, seconds: float) -> None:
         """L1 spent `seconds` this cycle on a one-off for a new prompt (its vocabulary subset's first
@@ -315,7 +300,10 @@ class HierarchicalDecoder:
         self.stats.times.record(level, tokens, seconds)
         self._forwards.append((level, tokens))
         if self._policy_learns():
-            self.policy.costs.record(level, tokens, seconds)
+            if self._legacy:
+                self.policy.costs.record(level, tokens, seconds)
+            else:
+                self.policy.timed(level, tokens, seconds)
 
     def checked(self, boundary: str, proposed: int, accepted: int, vocab_miss: bool = False) -> None:
         """A verification at `boundary` ("l0_l1", "l1_l2", "l0_l2") accepted `accepted` of `proposed`.
@@ -323,8 +311,8 @@ class HierarchicalDecoder:
         now and is never missed so again, so the policy counts the accepted prefix alone and prices
         such misses by the rate of new tokens (Policy.observe_novel) instead."""
         getattr(self.stats, boundary).add(proposed, accepted)
-        if self._policy_learns():
-            self.policy.observe(boundary, accepted if vocab_miss else proposed, accepted)
+        if self._policy_learns():  # (auto-legacy prices such misses apart; auto counts them as they cost)
+            self.policy.observe(boundary, accepted if vocab_miss and self._legacy else proposed, accepted)
 
     def _vocab_miss(self, boundary: str, draft: Draft, out: list[tuple[int, Level]]) -> bool:
         """Did L2 reject L1's draft at a token L1 could not propose (outside its vocabulary subset)?

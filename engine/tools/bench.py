@@ -33,11 +33,11 @@ import torch
 from engine.events import ChatMessage, DocumentText, Finished, TokenText
 from engine.model.loading import LoadedModel
 from engine.decoding.session import ChatSession
-from engine.settings import MODES, DecodeSettings
+from engine.settings import BENCH_MODES, FIXED_MODES, DecodeSettings
 from engine.tools.bench_steps import run_side_by_side, sessions_on_one_prefill
 from engine.tools.host_load import read_cpu_times, steal_percent
 
-OUR_METHODS = MODES  # auto, ar, draft-only, retrieval-only, triforce
+OUR_METHODS = BENCH_MODES  # auto, ar, draft-only, retrieval-only, triforce, auto-legacy
 HF_METHODS = ("hf", "hf-lookup")
 PEER_METHODS = HF_METHODS + ("llama.cpp",)
 INTERVAL_LEVEL = 0.9  # the paired ratios' intervals cover their median with at least this probability
@@ -357,7 +357,7 @@ def run_bench(model: LoadedModel, text: str, context: int, new_tokens: int, meth
         r.speedup_vs_ar = ar_ms / r.ms_per_token
         r.paired_speedup_vs_ar = paired_speedup(runs["ar"], runs[r.method])
         r.paired_vs_ar_interval = paired_interval(runs["ar"], runs[r.method])
-    fixed = [results[m] for m in OUR_METHODS if m in results and m != "auto"]
+    fixed = [results[m] for m in OUR_METHODS if m in results and m in FIXED_MODES]
     if "auto" in results and fixed:
         best = min(fixed, key=lambda r: r.ms_per_token)
         results["auto"].best_fixed = best.method
