@@ -1076,6 +1076,177 @@ int triforce_attention(const float *q, const void *keys, const void *values, int
     return 0;
 }
 
+/* ------------------------------------------------------------------ prefill attention
+ * A prefill chunk's T rows (T up to a few hundred tokens x G query heads per KV head) over `total`
+ * held keys: compute-bound, so it runs as a blocked matrix product rather than row by row. Per work
+ * item (a KV head and a panel of up to PANEL_ROWS of its rows, token-major: row r = t*G + g), the
+ * keys are walked in blocks of PREFILL_KEYS aligned to absolute positions; each block's keys are
+ * widened and transposed once ([D][PREFILL_KEYS]) and its values widened once, for the whole panel;
+ * then tiles of TILE_ROWS rows take scores (TILE_ROWS x 16 keys in registers, a broadcast FMA per
+ * query element), an online-softmax update, and probs @ V (TILE_ROWS x 16 dimensions in registers).
+ * Only keys below `total` are read (the buffers may be views of any capacity, never padded).
+ * A row's arithmetic (its own dot products over D in order, its block maxima and sums, its values
+ * summed in key order, blocks in order) does not depend on which rows share its tile, panel or
+ * call, nor on the threads: every cache kind that prefills through here gets the same bits for a
+ * row. They are not the bits of a decoding step (triforce_attention), which prefill never needs. */
+#define PREFILL_KEYS 64
+#define TILE_ROWS 6
+#define PANEL_ROWS 48
+
+/* s[r][0..PREFILL_KEYS) = qs[r] . key j, for TILE_ROWS rows (qs: rows of `dim`, kt: [dim][PREFILL_KEYS]) */
+static inline __attribute__((always_inline)) void prefill_scores(const float *qs, const float *kt, int64_t dim,
+                                                                 float s[TILE_ROWS][PREFILL_KEYS]) {
+    for (int j = 0; j < PREFILL_KEYS; j += 16) {
+        v8f a[TILE_ROWS][2];
+        for (int r = 0; r < TILE_ROWS; r++) a[r][0] = a[r][1] = splat(0.0f);
+        for (int64_t d = 0; d < dim; d++) {
+            const v8f k0 = load8(kt + d * PREFILL_KEYS + j), k1 = load8(kt + d * PREFILL_KEYS + j + 8);
+            for (int r = 0; r < TILE_ROWS; r++) {
+                const v8f qb = splat(qs[r * dim + d]);
+                a[r][0] = fmadd8(qb, k0, a[r][0]);
+                a[r][1] = fmadd8(qb, k1, a[r][1]);
+            }
+        }
+        for (int r = 0; r < TILE_ROWS; r++) {
+            store8(s[r] + j, a[r][0]);
+            store8(s[r] + j + 8, a[r][1]);
+        }
+    }
+}
+
+/* acc[r][0..dim) += sum over keys j < nk (in order) of p[r][j] * vf[j] (vf: [PREFILL_KEYS][dim]) */
+static inline __attribute__((always_inline)) void prefill_values(const float p[TILE_ROWS][PREFILL_KEYS],
+                                                                 const float *vf, int nk, int64_t dim,
+                                                                 float *const acc[TILE_ROWS]) {
+    for (int64_t i = 0; i < dim; i += 16) {
+        v8f w[TILE_ROWS][2];
+        for (int r = 0; r < TILE_ROWS; r++) {
+            w[r][0] = load8(acc[r] + i);
+            w[r][1] = load8(acc[r] + i + 8);
+        }
+        for (int j = 0; j < nk; j++) {
+            const v8f v0 = load8(vf + j * dim + i), v1 = load8(vf + j * dim + i + 8);
+            for (int r = 0; r < TILE_ROWS; r++) {
+                const v8f e = splat(p[r][j]);
+                w[r][0] = fmadd8(e, v0, w[r][0]);
+                w[r][1] = fmadd8(e, v1, w[r][1]);
+            }
+        }
+        for (int r = 0; r < TILE_ROWS; r++) {
+            store8(acc[r] + i, w[r][0]);
+            store8(acc[r] + i + 8, w[r][1]);
+        }
+    }
+}
+
+static void prefill_tile(const float *qs, const float *kt, const float *vf, int nk, int64_t dim, int64_t j0,
+                         const int64_t pos[TILE_ROWS], float *const acc[TILE_ROWS], float *m, float *l) {
+    float s[TILE_ROWS][PREFILL_KEYS] __attribute__((aligned(32)));
+    if (dim == 64) prefill_scores(qs, kt, 64, s);
+    else if (dim == 128) prefill_scores(qs, kt, 128, s);
+    else prefill_scores(qs, kt, dim, s);
+    for (int r = 0; r < TILE_ROWS; r++) {  /* each row's online-softmax update, in place: s -> p */
+        float *sr = s[r];
+        const int64_t seen = pos[r] - j0 + 1;  /* keys of this block the row sees */
+        const int n = seen < nk ? (int)(seen > 0 ? seen : 0) : nk;
+        if (n == 0) {
+            for (int j = 0; j < PREFILL_KEYS; j++) sr[j] = 0.0f;
+            continue;
+        }
+        float top = sr[0];
+        for (int j = 1; j < n; j++) top = sr[j] > top ? sr[j] : top;
+        if (top > m[r]) {
+            const float c = m[r] == -INFINITY ? 0.0f : exp_neg1(m[r] - top);
+            l[r] *= c;
+            for (int64_t i = 0; i < dim; i += 8) store8(acc[r] + i, load8(acc[r] + i) * splat(c));
+            m[r] = top;
+        }
+        for (int j = 0; j < PREFILL_KEYS; j += 8) store8(sr + j, exp_neg(load8(sr + j) - splat(m[r])));
+        for (int j = n; j < PREFILL_KEYS; j++) sr[j] = 0.0f;  /* hidden keys: no weight at all */
+        v8f sum = load8(sr);
+        for (int j = 8; j < PREFILL_KEYS; j += 8) sum += load8(sr + j);
+        l[r] += hsum8(sum);
+    }
+    if (dim == 64) prefill_values(s, vf, nk, 64, acc);
+    else if (dim == 128) prefill_values(s, vf, nk, 128, acc);
+    else prefill_values(s, vf, nk, dim, acc);
+}
+
+/* q [Hq, T, D] float32 (the last T of `total` positions), keys/values: KV head h's position p at
+ * element h * head_stride + p * D (float32, or float16 when `half`), positions 0..total-1 held
+ * -> out [Hq, T, D]. D a multiple of 16, at most MAX_DIM. Both threads on (KV head, panel) items. */
+int triforce_prefill_attention(const float *q, const void *keys, const void *values, int half, int64_t head_stride,
+                               int64_t n_heads, int64_t n_kv, int64_t T, int64_t dim, int64_t total,
+                               float scale, float *out, int threads) {
+    if (dim % 16 || dim > MAX_DIM || n_heads % n_kv || total < T || T < 1) return -1;
+    const int64_t group = n_heads / n_kv, rows = group * T;
+    const int64_t panels = (rows + PANEL_ROWS - 1) / PANEL_ROWS;
+    const int64_t esize = half ? 2 : 4;
+    int failed = 0;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t item = 0; item < n_kv * panels; item++) {
+        const int64_t h = item % n_kv, panel = item / n_kv;  /* panels late in the chunk (more keys) first */
+        const int64_t r0 = (panels - 1 - panel) * PANEL_ROWS;
+        const int64_t nr = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;
+        const int64_t padded = (nr + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+        float *work = malloc(sizeof(float) * (padded * dim * 2 + padded * 2 + 2 * PREFILL_KEYS * dim));
+        if (!work) {
+            failed = 1;
+            continue;
+        }
+        float *qs = work, *acc = qs + padded * dim, *m = acc + padded * dim, *l = m + padded;
+        float *kt = l + padded, *vf = kt + PREFILL_KEYS * dim;
+        int64_t pos[PANEL_ROWS + TILE_ROWS];
+        for (int64_t r = 0; r < padded; r++) {
+            m[r] = -INFINITY;
+            l[r] = 0.0f;
+            memset(acc + r * dim, 0, sizeof(float) * dim);
+            if (r < nr) {
+                const int64_t row = r0 + r, t = row / group, g = row % group;
+                const float *qr = q + ((h * group + g) * T + t) * dim;
+                for (int64_t i = 0; i < dim; i++) qs[r * dim + i] = qr[i] * scale;
+                pos[r] = total - T + t;
+            } else {  /* padding rows: zero queries that see nothing, computed and dropped */
+                memset(qs + r * dim, 0, sizeof(float) * dim);
+                pos[r] = -1;
+            }
+        }
+        const int64_t last = pos[nr - 1];  /* the panel's last row sees the most keys */
+        const char *kh = (const char *)keys + h * head_stride * esize, *vh = (const char *)values + h * head_stride * esize;
+        for (int64_t j0 = 0; j0 <= last; j0 += PREFILL_KEYS) {
+            const int nk = total - j0 < PREFILL_KEYS ? (int)(total - j0) : PREFILL_KEYS;
+            for (int j = 0; j < PREFILL_KEYS; j++) {  /* K transposed, V row-major, both float32; zeros past nk */
+                if (j < nk) {
+                    for (int64_t c = 0; c < dim; c += 8) {
+                        const v8f kc = kv8(kh, (j0 + j) * dim + c, half);
+                        for (int i = 0; i < 8; i++) kt[(c + i) * PREFILL_KEYS + j] = kc[i];
+                        store8(vf + j * dim + c, kv8(vh, (j0 + j) * dim + c, half));
+                    }
+                } else {
+                    for (int64_t c = 0; c < dim; c++) kt[c * PREFILL_KEYS + j] = 0.0f;
+                    memset(vf + j * dim, 0, sizeof(float) * dim);
+                }
+            }
+            for (int64_t r = 0; r < padded; r += TILE_ROWS) {
+                int any = 0;
+                for (int i = 0; i < TILE_ROWS; i++) any |= pos[r + i] >= j0;
+                if (!any) continue;  /* the block lies past every row of this tile */
+                float *ta[TILE_ROWS];
+                for (int i = 0; i < TILE_ROWS; i++) ta[i] = acc + (r + i) * dim;
+                prefill_tile(qs + r * dim, kt, vf, nk, dim, j0, pos + r, ta, m + r, l + r);
+            }
+        }
+        for (int64_t r = 0; r < nr; r++) {
+            const int64_t row = r0 + r, t = row / group, g = row % group;
+            float *o = out + ((h * group + g) * T + t) * dim;
+            const v8f inv = splat(1.0f / l[r]);
+            for (int64_t i = 0; i < dim; i += 8) store8(o + i, load8(acc + r * dim + i) * inv);
+        }
+        free(work);
+    }
+    return failed ? -2 : 0;
+}
+
 /* ------------------------------------------------------------------ the small ops of a layer
  * Each is one call where torch ran 3-10 ops (about 8 us each on this 2-core CPU, ~12 ms a forward
  * of the bundled model). Per row, in a fixed order: row-invariant like the rest. One thread: a
