@@ -19,3 +19,16 @@ def test_rotate_gives_the_bits_of_the_half_split_rotation():
     x = torch.randn(9, len(positions), 64, generator=torch.Generator().manual_seed(0))  # [H, T, D]
     textbook = x * cos + torch.cat((-x[..., 32:], x[..., :32]), dim=-1) * plain_sin
     assert torch.equal(rotate(x, cos, sin), textbook)
+
+
+def test_a_plain_attribute_config_takes_yarn_as_transformers_config_does():
+    """A GGUF's or folder's config (FolderConfig: attributes only) asking for YaRN gives the tables
+    a transformers LlamaConfig with the same values gives (its RoPE initialisers call config methods)."""
+    from engine.model.folder_tokenizer import FolderConfig
+
+    values = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+              "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128,
+                                  "rope_theta": 10000.0}}
+    plain = Rotary(FolderConfig(values), 16, torch.device("cpu"), 256)
+    oracle = Rotary(LlamaConfig(**values), 16, torch.device("cpu"), 256)
+    assert torch.equal(plain.inv_freq, oracle.inv_freq) and plain.scaling == oracle.scaling != 1.0

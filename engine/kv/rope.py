@@ -23,6 +23,20 @@ def _init_functions() -> dict:
     return ROPE_INIT_FUNCTIONS
 
 
+def _transformers_config(config):
+    """`config` as transformers' RoPE initialisers read it: they call methods of its config classes
+    (standardize_rope_params), which a plain attribute config (engine/model/folder_tokenizer.py's
+    FolderConfig, a GGUF's header) lacks."""
+    if hasattr(config, "standardize_rope_params"):
+        return config
+    from transformers import LlamaConfig
+
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))
+    values["rope_parameters"] = _rope_parameters(config)
+    values.pop("rope_scaling", None)
+    return LlamaConfig(**values)
+
+
 class Rotary:
     """cos/sin tables for absolute positions. `max_positions` fixes dynamic-NTK scaling for the
     whole cache (keys are cached post-RoPE, so the frequencies must not change mid-sequence)."""
@@ -37,6 +51,7 @@ class Rotary:
             scaling = 1.0
         elif rope_type in _init_functions():
             fn = _init_functions()[rope_type]
+            config = _transformers_config(config)
             if rope_type == "dynamic":
                 inv_freq, scaling = fn(config, device, seq_len=max_positions)
             else:
