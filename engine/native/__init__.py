@@ -334,10 +334,10 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, total: 
 
 def prefill_attention_supports(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> bool:
     """Whether prefill_attention() takes these operands (and runs here): CPU float32 queries, float32
-    or float16 K/V of one dtype whose positions are contiguous rows, a head size a multiple of 16."""
+    or float16 K/V of one dtype whose positions are contiguous rows, a head size a multiple of 8."""
     dim = q.shape[-1]
     return (q.device.type == "cpu" and q.dtype == torch.float32 and keys.device.type == "cpu"
-            and keys.dtype in KV_DTYPES and values.dtype == keys.dtype and dim % 16 == 0 and dim <= MAX_DIM
+            and keys.dtype in KV_DTYPES and values.dtype == keys.dtype and dim % 8 == 0 and dim <= MAX_DIM
             and keys.stride()[1:] == (dim, 1) and values.stride() == keys.stride() and available())
 
 

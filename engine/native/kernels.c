@@ -1077,170 +1077,177 @@ int triforce_attention(const float *q, const void *keys, const void *values, int
 }
 
 /* ------------------------------------------------------------------ prefill attention
- * A prefill chunk's T rows (T up to a few hundred tokens x G query heads per KV head) over `total`
- * held keys: compute-bound, so it runs as a blocked matrix product rather than row by row. Per work
- * item (a KV head and a panel of up to PANEL_ROWS of its rows, token-major: row r = t*G + g), the
- * keys are walked in blocks of PREFILL_KEYS aligned to absolute positions; each block's keys are
- * widened and transposed once ([D][PREFILL_KEYS]) and its values widened once, for the whole panel;
- * then tiles of TILE_ROWS rows take scores (TILE_ROWS x 16 keys in registers, a broadcast FMA per
- * query element), an online-softmax update, and probs @ V (TILE_ROWS x 16 dimensions in registers).
- * Only keys below `total` are read (the buffers may be views of any capacity, never padded).
- * A row's arithmetic (its own dot products over D in order, its block maxima and sums, its values
- * summed in key order, blocks in order) does not depend on which rows share its tile, panel or
- * call, nor on the threads: every cache kind that prefills through here gets the same bits for a
+ * A prefill chunk's rows (T tokens x G query heads per KV head) over `total` held keys: compute
+ * bound, so it runs as blocked matrix products with a tile's rows in the vector lanes. Per work item
+ * (a KV head and a panel of up to PANEL_ROWS of its rows, token-major: row r = t*G + g), the keys
+ * are walked in blocks of PREFILL_KEYS aligned to absolute positions; each block's keys and values
+ * are widened to float32 once for the panel. Per tile of TILE_ROWS rows (queries transposed once,
+ * [D][TILE_ROWS]): scores^T [keys][rows] (TILE_ROWS x 4 keys of accumulators, a broadcast key
+ * element per FMA), the online-softmax update lane-wise (running max, rescale, exp, sum), and
+ * probs @ V into a transposed accumulator [D][rows] (TILE_ROWS x 4 dimensions, a broadcast value
+ * element per FMA). Only keys below `total` are read (views of any capacity and head stride).
+ * A row lives in one lane: its dot products over D in order, its maxima, its sum and its values
+ * over keys in order, blocks in order; nothing depends on which rows share its tile, panel or call,
+ * nor on the threads. So every cache kind that prefills through here gets the same bits for a
  * row. They are not the bits of a decoding step (triforce_attention), which prefill never needs. */
+#ifndef PREFILL_KEYS
 #define PREFILL_KEYS 64
-#define TILE_ROWS 6
-#define PANEL_ROWS 48
+#endif
+#ifndef TILE_VECS
+#define TILE_VECS 3
+#endif
+#ifndef SCORE_KEYS
+#define SCORE_KEYS 4  /* keys per pass of the scores' register tile (divides PREFILL_KEYS) */
+#endif
+#define TILE_ROWS (8 * TILE_VECS)
+#define PANEL_ROWS (4 * TILE_ROWS)
 
-/* s[r][0..PREFILL_KEYS) = qs[r] . key j, for TILE_ROWS rows (qs: rows of `dim`, kt: [dim][PREFILL_KEYS]) */
-static inline __attribute__((always_inline)) void prefill_scores(const float *qs, const float *kt, int64_t dim,
-                                                                 float s[TILE_ROWS][PREFILL_KEYS]) {
-    for (int j = 0; j < PREFILL_KEYS; j += 16) {
-        v8f a[TILE_ROWS][2];
-        for (int r = 0; r < TILE_ROWS; r++) a[r][0] = a[r][1] = splat(0.0f);
+/* st[j][TILE_ROWS] = the tile's rows (qt [dim][TILE_ROWS]) . key j (kf [PREFILL_KEYS][dim]), j < nk4 */
+static inline __attribute__((always_inline)) void prefill_scores(const float *qt, const float *kf, int nk4,
+                                                                 int64_t dim, float *st) {
+    for (int j = 0; j < nk4; j += SCORE_KEYS) {
+        v8f a[SCORE_KEYS][TILE_VECS];
+        for (int p = 0; p < SCORE_KEYS; p++)
+            for (int i = 0; i < TILE_VECS; i++) a[p][i] = splat(0.0f);
         for (int64_t d = 0; d < dim; d++) {
-            const v8f k0 = load8(kt + d * PREFILL_KEYS + j), k1 = load8(kt + d * PREFILL_KEYS + j + 8);
-            for (int r = 0; r < TILE_ROWS; r++) {
-                const v8f qb = splat(qs[r * dim + d]);
-                a[r][0] = fmadd8(qb, k0, a[r][0]);
-                a[r][1] = fmadd8(qb, k1, a[r][1]);
+            v8f qv[TILE_VECS];
+            for (int i = 0; i < TILE_VECS; i++) qv[i] = load8(qt + d * TILE_ROWS + 8 * i);
+            for (int p = 0; p < SCORE_KEYS; p++) {
+                const v8f kb = splat(kf[(j + p) * dim + d]);
+                for (int i = 0; i < TILE_VECS; i++) a[p][i] = fmadd8(qv[i], kb, a[p][i]);
             }
         }
-        for (int r = 0; r < TILE_ROWS; r++) {
-            store8(s[r] + j, a[r][0]);
-            store8(s[r] + j + 8, a[r][1]);
-        }
+        for (int p = 0; p < SCORE_KEYS; p++)
+            for (int i = 0; i < TILE_VECS; i++) store8(st + (j + p) * TILE_ROWS + 8 * i, a[p][i]);
     }
 }
 
-/* acc[r][0..dim) += sum over keys j < nk (in order) of p[r][j] * vf[j] (vf: [PREFILL_KEYS][dim]) */
-static inline __attribute__((always_inline)) void prefill_values(const float p[TILE_ROWS][PREFILL_KEYS],
-                                                                 const float *vf, int nk, int64_t dim,
-                                                                 float *const acc[TILE_ROWS]) {
-    for (int64_t i = 0; i < dim; i += 16) {
-        v8f w[TILE_ROWS][2];
-        for (int r = 0; r < TILE_ROWS; r++) {
-            w[r][0] = load8(acc[r] + i);
-            w[r][1] = load8(acc[r] + i + 8);
-        }
+/* acc[d][TILE_ROWS] += sum over keys j < nk, in order, of vf[j][d] * pt[j][TILE_ROWS] */
+static inline __attribute__((always_inline)) void prefill_values(const float *pt, const float *vf, int nk,
+                                                                 int64_t dim, float *acc) {
+    for (int64_t d = 0; d < dim; d += 4) {
+        v8f w[4][TILE_VECS];
+        for (int p = 0; p < 4; p++)
+            for (int i = 0; i < TILE_VECS; i++) w[p][i] = load8(acc + (d + p) * TILE_ROWS + 8 * i);
         for (int j = 0; j < nk; j++) {
-            const v8f v0 = load8(vf + j * dim + i), v1 = load8(vf + j * dim + i + 8);
-            for (int r = 0; r < TILE_ROWS; r++) {
-                const v8f e = splat(p[r][j]);
-                w[r][0] = fmadd8(e, v0, w[r][0]);
-                w[r][1] = fmadd8(e, v1, w[r][1]);
+            v8f pv[TILE_VECS];
+            for (int i = 0; i < TILE_VECS; i++) pv[i] = load8(pt + j * TILE_ROWS + 8 * i);
+            for (int p = 0; p < 4; p++) {
+                const v8f vb = splat(vf[j * dim + d + p]);
+                for (int i = 0; i < TILE_VECS; i++) w[p][i] = fmadd8(vb, pv[i], w[p][i]);
             }
         }
-        for (int r = 0; r < TILE_ROWS; r++) {
-            store8(acc[r] + i, w[r][0]);
-            store8(acc[r] + i + 8, w[r][1]);
-        }
+        for (int p = 0; p < 4; p++)
+            for (int i = 0; i < TILE_VECS; i++) store8(acc + (d + p) * TILE_ROWS + 8 * i, w[p][i]);
     }
 }
 
-static void prefill_tile(const float *qs, const float *kt, const float *vf, int nk, int64_t dim, int64_t j0,
-                         const int64_t pos[TILE_ROWS], float *const acc[TILE_ROWS], float *m, float *l) {
-    float s[TILE_ROWS][PREFILL_KEYS] __attribute__((aligned(32)));
-    if (dim == 64) prefill_scores(qs, kt, 64, s);
-    else if (dim == 128) prefill_scores(qs, kt, 128, s);
-    else prefill_scores(qs, kt, dim, s);
-    for (int r = 0; r < TILE_ROWS; r++) {  /* each row's online-softmax update, in place: s -> p */
-        float *sr = s[r];
-        const int64_t seen = pos[r] - j0 + 1;  /* keys of this block the row sees */
-        const int n = seen < nk ? (int)(seen > 0 ? seen : 0) : nk;
-        if (n == 0) {
-            for (int j = 0; j < PREFILL_KEYS; j++) sr[j] = 0.0f;
-            continue;
+/* One tile over one key block (keys j0 .. j0+nk-1): pos [TILE_ROWS] the rows' positions (a row sees
+ * keys up to its own), m/l [TILE_ROWS] running max and sum, acc [dim][TILE_ROWS]. */
+static void prefill_tile(const float *qt, const float *kf, const float *vf, int nk, int64_t dim, int64_t j0,
+                         const int32_t *pos, float *m, float *l, float *acc) {
+    float st[PREFILL_KEYS * TILE_ROWS] __attribute__((aligned(32)));
+    const int nk4 = (nk + SCORE_KEYS - 1) / SCORE_KEYS * SCORE_KEYS;  /* kf holds zeros past nk */
+    if (dim == 64) prefill_scores(qt, kf, nk4, 64, st);
+    else if (dim == 128) prefill_scores(qt, kf, nk4, 128, st);
+    else prefill_scores(qt, kf, nk4, dim, st);
+    for (int i = 0; i < TILE_VECS; i++) {  /* the online-softmax update, 8 rows a vector */
+        v8i pv;
+        memcpy(&pv, pos + 8 * i, sizeof pv);
+        v8i lo = pv;
+        for (int s = 4; s; s >>= 1) {  /* the fewest keys any of these rows sees: masks only where needed */
+            v8i x;
+            for (int k = 0; k < 8; k++) x[k] = lo[k ^ s];
+            lo = (v8i)((lo < x) & lo) | (~(lo < x) & x);
         }
-        float top = sr[0];
-        for (int j = 1; j < n; j++) top = sr[j] > top ? sr[j] : top;
-        if (top > m[r]) {
-            const float c = m[r] == -INFINITY ? 0.0f : exp_neg1(m[r] - top);
-            l[r] *= c;
-            for (int64_t i = 0; i < dim; i += 8) store8(acc[r] + i, load8(acc[r] + i) * splat(c));
-            m[r] = top;
+        const int masked = j0 + nk - 1 > lo[0];
+        const v8f old = load8(m + 8 * i);
+        v8f top = old;
+        for (int j = 0; j < nk; j++) {
+            v8f s = load8(st + j * TILE_ROWS + 8 * i);
+            if (masked) {
+                const v8i seen = pv >= (int32_t)(j0 + j);
+                s = (v8f)((seen & (v8i)s) | (~seen & (v8i)splat(-INFINITY)));
+            }
+            top = vmax(top, s);
         }
-        for (int j = 0; j < PREFILL_KEYS; j += 8) store8(sr + j, exp_neg(load8(sr + j) - splat(m[r])));
-        for (int j = n; j < PREFILL_KEYS; j++) sr[j] = 0.0f;  /* hidden keys: no weight at all */
-        v8f sum = load8(sr);
-        for (int j = 8; j < PREFILL_KEYS; j += 8) sum += load8(sr + j);
-        l[r] += hsum8(sum);
+        const v8f c = exp_neg(old - top);  /* 1 where the max stays; the first block: acc and l are 0 */
+        v8f sum = load8(l + 8 * i) * c;
+        for (int j = 0; j < nk; j++) {
+            v8f e = exp_neg(load8(st + j * TILE_ROWS + 8 * i) - top);
+            if (masked) {
+                const v8i seen = pv >= (int32_t)(j0 + j);
+                e = (v8f)(seen & (v8i)e);  /* hidden keys: no weight at all */
+            }
+            store8(st + j * TILE_ROWS + 8 * i, e);
+            sum += e;
+        }
+        store8(l + 8 * i, sum);
+        store8(m + 8 * i, top);
+        for (int64_t d = 0; d < dim; d++) store8(acc + d * TILE_ROWS + 8 * i, load8(acc + d * TILE_ROWS + 8 * i) * c);
     }
-    if (dim == 64) prefill_values(s, vf, nk, 64, acc);
-    else if (dim == 128) prefill_values(s, vf, nk, 128, acc);
-    else prefill_values(s, vf, nk, dim, acc);
+    if (dim == 64) prefill_values(st, vf, nk, 64, acc);
+    else if (dim == 128) prefill_values(st, vf, nk, 128, acc);
+    else prefill_values(st, vf, nk, dim, acc);
 }
 
 /* q [Hq, T, D] float32 (the last T of `total` positions), keys/values: KV head h's position p at
  * element h * head_stride + p * D (float32, or float16 when `half`), positions 0..total-1 held
- * -> out [Hq, T, D]. D a multiple of 16, at most MAX_DIM. Both threads on (KV head, panel) items. */
+ * -> out [Hq, T, D]. D a multiple of 8, at most MAX_DIM. Both threads on (KV head, panel) items. */
 int triforce_prefill_attention(const float *q, const void *keys, const void *values, int half, int64_t head_stride,
                                int64_t n_heads, int64_t n_kv, int64_t T, int64_t dim, int64_t total,
                                float scale, float *out, int threads) {
-    if (dim % 16 || dim > MAX_DIM || n_heads % n_kv || total < T || T < 1) return -1;
+    if (dim % 8 || dim > MAX_DIM || n_heads % n_kv || total < T || T < 1 || total > INT32_MAX) return -1;
     const int64_t group = n_heads / n_kv, rows = group * T;
     const int64_t panels = (rows + PANEL_ROWS - 1) / PANEL_ROWS;
-    const int64_t esize = half ? 2 : 4;
     int failed = 0;
     #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t item = 0; item < n_kv * panels; item++) {
         const int64_t h = item % n_kv, panel = item / n_kv;  /* panels late in the chunk (more keys) first */
         const int64_t r0 = (panels - 1 - panel) * PANEL_ROWS;
         const int64_t nr = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;
-        const int64_t padded = (nr + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
-        float *work = malloc(sizeof(float) * (padded * dim * 2 + padded * 2 + 2 * PREFILL_KEYS * dim));
+        const int64_t tiles = (nr + TILE_ROWS - 1) / TILE_ROWS, padded = tiles * TILE_ROWS;
+        float *work = malloc(sizeof(float) * (2 * padded * dim + 2 * padded + 2 * PREFILL_KEYS * dim));
         if (!work) {
             failed = 1;
             continue;
         }
-        float *qs = work, *acc = qs + padded * dim, *m = acc + padded * dim, *l = m + padded;
-        float *kt = l + padded, *vf = kt + PREFILL_KEYS * dim;
-        int64_t pos[PANEL_ROWS + TILE_ROWS];
-        for (int64_t r = 0; r < padded; r++) {
+        float *qt = work, *acc = qt + padded * dim, *m = acc + padded * dim, *l = m + padded;
+        float *kf = l + padded, *vf = kf + PREFILL_KEYS * dim;
+        int32_t pos[PANEL_ROWS];
+        for (int64_t r = 0; r < padded; r++) {  /* padding rows repeat the last row: computed, dropped */
+            const int64_t row = r0 + (r < nr ? r : nr - 1), t = row / group, g = row % group;
+            const float *qr = q + ((h * group + g) * T + t) * dim;
+            float *tq = qt + (r / TILE_ROWS) * TILE_ROWS * dim + r % TILE_ROWS;  /* [tile][dim][TILE_ROWS] */
+            for (int64_t i = 0; i < dim; i++) tq[i * TILE_ROWS] = qr[i] * scale;
+            pos[r] = (int32_t)(total - T + t);
             m[r] = -INFINITY;
             l[r] = 0.0f;
-            memset(acc + r * dim, 0, sizeof(float) * dim);
-            if (r < nr) {
-                const int64_t row = r0 + r, t = row / group, g = row % group;
-                const float *qr = q + ((h * group + g) * T + t) * dim;
-                for (int64_t i = 0; i < dim; i++) qs[r * dim + i] = qr[i] * scale;
-                pos[r] = total - T + t;
-            } else {  /* padding rows: zero queries that see nothing, computed and dropped */
-                memset(qs + r * dim, 0, sizeof(float) * dim);
-                pos[r] = -1;
-            }
         }
-        const int64_t last = pos[nr - 1];  /* the panel's last row sees the most keys */
-        const char *kh = (const char *)keys + h * head_stride * esize, *vh = (const char *)values + h * head_stride * esize;
+        memset(acc, 0, sizeof(float) * padded * dim);
+        const int64_t last = pos[padded - 1];  /* the panel's last row sees the most keys */
+        const char *kh = (const char *)keys + h * head_stride * (half ? 2 : 4);
+        const char *vh = (const char *)values + h * head_stride * (half ? 2 : 4);
         for (int64_t j0 = 0; j0 <= last; j0 += PREFILL_KEYS) {
             const int nk = total - j0 < PREFILL_KEYS ? (int)(total - j0) : PREFILL_KEYS;
-            for (int j = 0; j < PREFILL_KEYS; j++) {  /* K transposed, V row-major, both float32; zeros past nk */
-                if (j < nk) {
-                    for (int64_t c = 0; c < dim; c += 8) {
-                        const v8f kc = kv8(kh, (j0 + j) * dim + c, half);
-                        for (int i = 0; i < 8; i++) kt[(c + i) * PREFILL_KEYS + j] = kc[i];
-                        store8(vf + j * dim + c, kv8(vh, (j0 + j) * dim + c, half));
-                    }
-                } else {
-                    for (int64_t c = 0; c < dim; c++) kt[c * PREFILL_KEYS + j] = 0.0f;
-                    memset(vf + j * dim, 0, sizeof(float) * dim);
+            for (int j = 0; j < nk; j++)  /* both float32, row-major */
+                for (int64_t c = 0; c < dim; c += 8) {
+                    store8(kf + j * dim + c, kv8(kh, (j0 + j) * dim + c, half));
+                    store8(vf + j * dim + c, kv8(vh, (j0 + j) * dim + c, half));
                 }
-            }
-            for (int64_t r = 0; r < padded; r += TILE_ROWS) {
-                int any = 0;
-                for (int i = 0; i < TILE_ROWS; i++) any |= pos[r + i] >= j0;
-                if (!any) continue;  /* the block lies past every row of this tile */
-                float *ta[TILE_ROWS];
-                for (int i = 0; i < TILE_ROWS; i++) ta[i] = acc + (r + i) * dim;
-                prefill_tile(qs + r * dim, kt, vf, nk, dim, j0, pos + r, ta, m + r, l + r);
+            memset(kf + nk * dim, 0, sizeof(float) * (PREFILL_KEYS - nk) * dim);
+            for (int64_t tile = 0; tile < tiles; tile++) {
+                if (pos[tile * TILE_ROWS + TILE_ROWS - 1] < j0) continue;  /* the block lies past every row */
+                prefill_tile(qt + tile * TILE_ROWS * dim, kf, vf, nk, dim, j0, pos + tile * TILE_ROWS,
+                             m + tile * TILE_ROWS, l + tile * TILE_ROWS, acc + tile * TILE_ROWS * dim);
             }
         }
         for (int64_t r = 0; r < nr; r++) {
             const int64_t row = r0 + r, t = row / group, g = row % group;
+            const float *ta = acc + (r / TILE_ROWS) * TILE_ROWS * dim + r % TILE_ROWS;
             float *o = out + ((h * group + g) * T + t) * dim;
-            const v8f inv = splat(1.0f / l[r]);
-            for (int64_t i = 0; i < dim; i += 8) store8(o + i, load8(acc + r * dim + i) * inv);
+            const float inv = 1.0f / l[r];
+            for (int64_t i = 0; i < dim; i++) o[i] = ta[i * TILE_ROWS] * inv;
         }
         free(work);
     }
