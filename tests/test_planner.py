@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from engine import native
 from engine.errors import (ContextOverflowError, IncompatibleDraftError, InvalidSettingError, ModelNotFoundError,
                            OutOfMemoryPlanError)
 from engine.offload.shapes import ModelShape, shape_for
@@ -187,7 +188,8 @@ def test_smollm2_135m_fits_on_cpu() -> None:
     plan = plan_placement(t, None, 8192, S, "cpu")
     assert plan.fits and plan.mode == "cpu" and plan.dtype_bytes == 4
     assert plan.kv_layers_offloaded == 0
-    assert plan.device("cpu").component("full_kv") == 8192 * 30 * 3 * 64 * 2 * 4
+    kv_bytes = 2 if native.available() else 4  # the CPU runner stores float16 K/V where the native kernels run
+    assert plan.device("cpu").component("full_kv") == 8192 * 30 * 3 * 64 * 2 * kv_bytes
     small = DeviceSpec("cpu", 4 * GiB, 3 * GiB)  # a small laptop still fits it
     assert plan_placement(t, None, 8192, S, small).fits
 
@@ -361,3 +363,26 @@ def test_json_has_offload_mode_and_modelled_ms() -> None:
     assert obj["offload_mode"] == "hybrid" and obj["modelled_ms_per_token"] > 0
     assert len(obj["cpu_heads"]) == 32 and obj["tuned_gammas"]["gamma2"] >= 1
     assert obj["floor_ms_per_token"]["l2_cpu_ms"] > 0 and obj["floor_ms_per_token"]["l2_stream_only_ms"] > 0
+
+
+@pytest.mark.parametrize("context", [1000, 4096])
+def test_the_cpu_plan_counts_the_bytes_the_caches_allocate(tiny_model_dir, context) -> None:
+    """On the CPU the plan's full KV and retrieval-cache figures are the bytes the runner's caches
+    allocate for that context: their storage dtype (float16 where the native kernels run) and their
+    padded lengths."""
+    from engine.model.loading import load_folder
+
+    folder = tiny_model_dir("llama")
+    model = load_folder(folder)
+    shape = ModelShape.from_config(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+    settings = DecodeSettings(budget=256).fit_budget(context)
+    plan = plan_placement(shape, None, context, settings, "cpu")
+    full = model.runner.new_full_cache(context)
+    retrieval = full.retrieval(shape.heads, plan.budget_tokens, settings.chunk, settings.retrieval_headroom())
+
+    def held(cache) -> int:
+        return sum(t.numel() * t.element_size() for t in (*cache.keys, *cache.values))
+
+    cpu = plan.device("cpu")
+    assert cpu.component("full_kv") == held(full)
+    assert cpu.component("retrieval_cache") == held(retrieval)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from engine import native
-from engine.kv.attention import causal_mask, gqa_attention
+from engine.kv.attention import PREFILL_ROWS, causal_mask, gqa_attention
 from engine.kv.base import KVCache
 from engine.kv.exact_attention import MAX_ROWS, exact_gqa_attention, hidden_tail, padded_length
 from engine.kv.retrieval import RetrievalCache
@@ -22,6 +22,10 @@ class FullCache(KVCache):
     native one (engine/native: one pass over K and V for all rows) where it was built, else the
     one made of torch ops (engine/kv/exact_attention.py); the buffers are padded to the latter's
     chunk size.
+
+    Longer forwards, the prefill chunks, attend through engine.kv.attention.gqa_attention: on the
+    CPU the native blocked prefill kernel, which reads float16 K/V in place (the offloaded and
+    tensor-parallel caches prefill through the same function, so each stores the same K/V).
 
     `prefill_dtype` (the CPU target on the file's blocks: bfloat16): longer forwards, the prefill
     chunks, attend in that dtype (SDPA; faster than float32 on a CPU with bf16 units), every
@@ -83,7 +87,7 @@ class FullCache(KVCache):
         if self.prefill_dtype is not None:  # [Hq, T, D] back in the model's dtype
             low = self.prefill_dtype
             return gqa_attention(q.to(low), keys.to(low), values.to(low), self._mask).to(q.dtype)
-        if self.kv_dtype != q.dtype:  # stored narrower: attend in the model's dtype
+        if self._new <= PREFILL_ROWS:  # batched matmuls in the model's dtype (prefill widens K/V itself)
             keys, values = keys.to(q.dtype), values.to(q.dtype)
         return gqa_attention(q, keys, values, self._mask)
 

@@ -109,6 +109,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.triforce_block_matmul_draft.restype = i32
     lib.triforce_attention.argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, i32]
     lib.triforce_attention.restype = i32
+    lib.triforce_prefill_attention.argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i64, ctypes.c_float,
+                                               ptr, i32]
+    lib.triforce_prefill_attention.restype = i32
     lib.triforce_rms_norm.argtypes = [ptr, ptr, i64, i64, ctypes.c_float, ptr]
     lib.triforce_rope.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr]
     lib.triforce_silu_mul.argtypes = [ptr, i64, i64, ptr]
@@ -351,6 +354,33 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, total: 
                                 n_tokens, dim, total, dim ** -0.5, _ptr(out), torch.get_num_threads())
     if rc:
         raise ValueError(f"native attention rejected q {tuple(q.shape)}, K/V {tuple(keys.shape)}, total {total} ({rc})")
+    return out
+
+
+def prefill_attention_supports(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> bool:
+    """Whether prefill_attention() takes these operands (and runs here): CPU float32 queries, float32
+    or float16 K/V of one dtype whose positions are contiguous rows, a head size a multiple of 8."""
+    dim = q.shape[-1]
+    return (q.device.type == "cpu" and q.dtype == torch.float32 and keys.device.type == "cpu"
+            and keys.dtype in KV_DTYPES and values.dtype == keys.dtype and dim % 8 == 0 and dim <= MAX_DIM
+            and keys.stride()[1:] == (dim, 1) and values.stride() == keys.stride() and available())
+
+
+def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """q [Hq, T, D] float32 (the last T of S positions), keys/values [Hkv, S, D] (views of any
+    buffer whose positions are contiguous rows: head stride free) -> [Hq, T, D] float32: causal GQA
+    through kernels.c's blocked prefill kernel (both threads, float16 K/V widened in the kernel).
+    A row's bits depend only on its own query and keys, never on the rows or heads sharing the call."""
+    lib = _kernels()
+    q = q.contiguous()
+    n_heads, n_tokens, dim = q.shape
+    n_kv, total = keys.shape[0], keys.shape[1]
+    out = torch.empty_like(q)
+    half = int(keys.dtype == torch.float16)
+    rc = lib.triforce_prefill_attention(_ptr(q), _ptr(keys), _ptr(values), half, keys.stride(0), n_heads, n_kv,
+                                        n_tokens, dim, total, dim ** -0.5, _ptr(out), torch.get_num_threads())
+    if rc:
+        raise ValueError(f"native prefill attention rejected q {tuple(q.shape)}, K/V {tuple(keys.shape)} ({rc})")
     return out
 
 

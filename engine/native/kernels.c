@@ -1317,6 +1317,184 @@ int triforce_attention(const float *q, const void *keys, const void *values, int
     return 0;
 }
 
+/* ------------------------------------------------------------------ prefill attention
+ * A prefill chunk's rows (T tokens x G query heads per KV head) over `total` held keys: compute
+ * bound, so it runs as blocked matrix products with a tile's rows in the vector lanes. Per work item
+ * (a KV head and a panel of up to PANEL_ROWS of its rows, token-major: row r = t*G + g), the keys
+ * are walked in blocks of PREFILL_KEYS aligned to absolute positions; each block's keys and values
+ * are widened to float32 once for the panel. Per tile of TILE_ROWS rows (queries transposed once,
+ * [D][TILE_ROWS]): scores^T [keys][rows] (TILE_ROWS x 4 keys of accumulators, a broadcast key
+ * element per FMA), the online-softmax update lane-wise (running max, rescale, exp, sum), and
+ * probs @ V into a transposed accumulator [D][rows] (TILE_ROWS x 4 dimensions, a broadcast value
+ * element per FMA). Only keys below `total` are read (views of any capacity and head stride).
+ * A row lives in one lane: its dot products over D in order, its maxima, its sum and its values
+ * over keys in order, blocks in order; nothing depends on which rows share its tile, panel or call,
+ * nor on the threads. So every cache kind that prefills through here gets the same bits for a
+ * row. They are not the bits of a decoding step (triforce_attention), which prefill never needs. */
+#ifndef PREFILL_KEYS
+#define PREFILL_KEYS 64
+#endif
+#ifndef TILE_VECS
+#define TILE_VECS 3
+#endif
+#ifndef SCORE_KEYS
+#define SCORE_KEYS 4  /* keys per pass of the scores' register tile (divides PREFILL_KEYS) */
+#endif
+#define TILE_ROWS (8 * TILE_VECS)
+#define PANEL_ROWS (4 * TILE_ROWS)
+
+/* st[j][TILE_ROWS] = the tile's rows (qt [dim][TILE_ROWS]) . key j (kf [PREFILL_KEYS][dim]), j < nk4 */
+static inline __attribute__((always_inline)) void prefill_scores(const float *qt, const float *kf, int nk4,
+                                                                 int64_t dim, float *st) {
+    for (int j = 0; j < nk4; j += SCORE_KEYS) {
+        v8f a[SCORE_KEYS][TILE_VECS];
+        for (int p = 0; p < SCORE_KEYS; p++)
+            for (int i = 0; i < TILE_VECS; i++) a[p][i] = splat(0.0f);
+        for (int64_t d = 0; d < dim; d++) {
+            v8f qv[TILE_VECS];
+            for (int i = 0; i < TILE_VECS; i++) qv[i] = load8(qt + d * TILE_ROWS + 8 * i);
+            for (int p = 0; p < SCORE_KEYS; p++) {
+                const v8f kb = splat(kf[(j + p) * dim + d]);
+                for (int i = 0; i < TILE_VECS; i++) a[p][i] = fmadd8(qv[i], kb, a[p][i]);
+            }
+        }
+        for (int p = 0; p < SCORE_KEYS; p++)
+            for (int i = 0; i < TILE_VECS; i++) store8(st + (j + p) * TILE_ROWS + 8 * i, a[p][i]);
+    }
+}
+
+/* acc[d][TILE_ROWS] += sum over keys j < nk, in order, of vf[j][d] * pt[j][TILE_ROWS] */
+static inline __attribute__((always_inline)) void prefill_values(const float *pt, const float *vf, int nk,
+                                                                 int64_t dim, float *acc) {
+    for (int64_t d = 0; d < dim; d += 4) {
+        v8f w[4][TILE_VECS];
+        for (int p = 0; p < 4; p++)
+            for (int i = 0; i < TILE_VECS; i++) w[p][i] = load8(acc + (d + p) * TILE_ROWS + 8 * i);
+        for (int j = 0; j < nk; j++) {
+            v8f pv[TILE_VECS];
+            for (int i = 0; i < TILE_VECS; i++) pv[i] = load8(pt + j * TILE_ROWS + 8 * i);
+            for (int p = 0; p < 4; p++) {
+                const v8f vb = splat(vf[j * dim + d + p]);
+                for (int i = 0; i < TILE_VECS; i++) w[p][i] = fmadd8(vb, pv[i], w[p][i]);
+            }
+        }
+        for (int p = 0; p < 4; p++)
+            for (int i = 0; i < TILE_VECS; i++) store8(acc + (d + p) * TILE_ROWS + 8 * i, w[p][i]);
+    }
+}
+
+/* One tile over one key block (keys j0 .. j0+nk-1): pos [TILE_ROWS] the rows' positions (a row sees
+ * keys up to its own), m/l [TILE_ROWS] running max and sum, acc [dim][TILE_ROWS]. */
+static void prefill_tile(const float *qt, const float *kf, const float *vf, int nk, int64_t dim, int64_t j0,
+                         const int32_t *pos, float *m, float *l, float *acc) {
+    float st[PREFILL_KEYS * TILE_ROWS] __attribute__((aligned(32)));
+    const int nk4 = (nk + SCORE_KEYS - 1) / SCORE_KEYS * SCORE_KEYS;  /* kf holds zeros past nk */
+    if (dim == 64) prefill_scores(qt, kf, nk4, 64, st);
+    else if (dim == 128) prefill_scores(qt, kf, nk4, 128, st);
+    else prefill_scores(qt, kf, nk4, dim, st);
+    for (int i = 0; i < TILE_VECS; i++) {  /* the online-softmax update, 8 rows a vector */
+        v8i pv;
+        memcpy(&pv, pos + 8 * i, sizeof pv);
+        v8i lo = pv;
+        for (int s = 4; s; s >>= 1) {  /* the fewest keys any of these rows sees: masks only where needed */
+            v8i x;
+            for (int k = 0; k < 8; k++) x[k] = lo[k ^ s];
+            lo = (v8i)((lo < x) & lo) | (~(lo < x) & x);
+        }
+        const int masked = j0 + nk - 1 > lo[0];
+        const v8f old = load8(m + 8 * i);
+        v8f top = old;
+        for (int j = 0; j < nk; j++) {
+            v8f s = load8(st + j * TILE_ROWS + 8 * i);
+            if (masked) {
+                const v8i seen = pv >= (int32_t)(j0 + j);
+                s = (v8f)((seen & (v8i)s) | (~seen & (v8i)splat(-INFINITY)));
+            }
+            top = vmax(top, s);
+        }
+        const v8f c = exp_neg(old - top);  /* 1 where the max stays; the first block: acc and l are 0 */
+        v8f sum = load8(l + 8 * i) * c;
+        for (int j = 0; j < nk; j++) {
+            v8f e = exp_neg(load8(st + j * TILE_ROWS + 8 * i) - top);
+            if (masked) {
+                const v8i seen = pv >= (int32_t)(j0 + j);
+                e = (v8f)(seen & (v8i)e);  /* hidden keys: no weight at all */
+            }
+            store8(st + j * TILE_ROWS + 8 * i, e);
+            sum += e;
+        }
+        store8(l + 8 * i, sum);
+        store8(m + 8 * i, top);
+        for (int64_t d = 0; d < dim; d++) store8(acc + d * TILE_ROWS + 8 * i, load8(acc + d * TILE_ROWS + 8 * i) * c);
+    }
+    if (dim == 64) prefill_values(st, vf, nk, 64, acc);
+    else if (dim == 128) prefill_values(st, vf, nk, 128, acc);
+    else prefill_values(st, vf, nk, dim, acc);
+}
+
+/* q [Hq, T, D] float32 (the last T of `total` positions), keys/values: KV head h's position p at
+ * element h * head_stride + p * D (float32, or float16 when `half`), positions 0..total-1 held
+ * -> out [Hq, T, D]. D a multiple of 8, at most MAX_DIM. Both threads on (KV head, panel) items. */
+int triforce_prefill_attention(const float *q, const void *keys, const void *values, int half, int64_t head_stride,
+                               int64_t n_heads, int64_t n_kv, int64_t T, int64_t dim, int64_t total,
+                               float scale, float *out, int threads) {
+    if (dim % 8 || dim > MAX_DIM || n_heads % n_kv || total < T || T < 1 || total > INT32_MAX) return -1;
+    const int64_t group = n_heads / n_kv, rows = group * T;
+    const int64_t panels = (rows + PANEL_ROWS - 1) / PANEL_ROWS;
+    int failed = 0;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t item = 0; item < n_kv * panels; item++) {
+        const int64_t h = item % n_kv, panel = item / n_kv;  /* panels late in the chunk (more keys) first */
+        const int64_t r0 = (panels - 1 - panel) * PANEL_ROWS;
+        const int64_t nr = rows - r0 < PANEL_ROWS ? rows - r0 : PANEL_ROWS;
+        const int64_t tiles = (nr + TILE_ROWS - 1) / TILE_ROWS, padded = tiles * TILE_ROWS;
+        float *work = malloc(sizeof(float) * (2 * padded * dim + 2 * padded + 2 * PREFILL_KEYS * dim));
+        if (!work) {
+            failed = 1;
+            continue;
+        }
+        float *qt = work, *acc = qt + padded * dim, *m = acc + padded * dim, *l = m + padded;
+        float *kf = l + padded, *vf = kf + PREFILL_KEYS * dim;
+        int32_t pos[PANEL_ROWS];
+        for (int64_t r = 0; r < padded; r++) {  /* padding rows repeat the last row: computed, dropped */
+            const int64_t row = r0 + (r < nr ? r : nr - 1), t = row / group, g = row % group;
+            const float *qr = q + ((h * group + g) * T + t) * dim;
+            float *tq = qt + (r / TILE_ROWS) * TILE_ROWS * dim + r % TILE_ROWS;  /* [tile][dim][TILE_ROWS] */
+            for (int64_t i = 0; i < dim; i++) tq[i * TILE_ROWS] = qr[i] * scale;
+            pos[r] = (int32_t)(total - T + t);
+            m[r] = -INFINITY;
+            l[r] = 0.0f;
+        }
+        memset(acc, 0, sizeof(float) * padded * dim);
+        const int64_t last = pos[padded - 1];  /* the panel's last row sees the most keys */
+        const char *kh = (const char *)keys + h * head_stride * (half ? 2 : 4);
+        const char *vh = (const char *)values + h * head_stride * (half ? 2 : 4);
+        for (int64_t j0 = 0; j0 <= last; j0 += PREFILL_KEYS) {
+            const int nk = total - j0 < PREFILL_KEYS ? (int)(total - j0) : PREFILL_KEYS;
+            for (int j = 0; j < nk; j++)  /* both float32, row-major */
+                for (int64_t c = 0; c < dim; c += 8) {
+                    store8(kf + j * dim + c, kv8(kh, (j0 + j) * dim + c, half));
+                    store8(vf + j * dim + c, kv8(vh, (j0 + j) * dim + c, half));
+                }
+            memset(kf + nk * dim, 0, sizeof(float) * (PREFILL_KEYS - nk) * dim);
+            for (int64_t tile = 0; tile < tiles; tile++) {
+                if (pos[tile * TILE_ROWS + TILE_ROWS - 1] < j0) continue;  /* the block lies past every row */
+                prefill_tile(qt + tile * TILE_ROWS * dim, kf, vf, nk, dim, j0, pos + tile * TILE_ROWS,
+                             m + tile * TILE_ROWS, l + tile * TILE_ROWS, acc + tile * TILE_ROWS * dim);
+            }
+        }
+        for (int64_t r = 0; r < nr; r++) {
+            const int64_t row = r0 + r, t = row / group, g = row % group;
+            const float *ta = acc + (r / TILE_ROWS) * TILE_ROWS * dim + r % TILE_ROWS;
+            float *o = out + ((h * group + g) * T + t) * dim;
+            const float inv = 1.0f / l[r];
+            for (int64_t i = 0; i < dim; i++) o[i] = ta[i * TILE_ROWS] * inv;
+        }
+        free(work);
+    }
+    return failed ? -2 : 0;
+}
+
 /* ------------------------------------------------------------------ the small ops of a layer
  * Each is one call where torch ran 3-10 ops (about 8 us each on this 2-core CPU, ~12 ms a forward
  * of the bundled model). Per row, in a fixed order: row-invariant like the rest. One thread: a

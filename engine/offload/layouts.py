@@ -73,9 +73,28 @@ def draft_capacity(settings: DecodeSettings) -> int:
     return settings.draft_cache_capacity()
 
 
+def cpu_kv_storage(dtype: int) -> tuple[int, int]:
+    """(bytes per K/V element, positions a buffer is padded to) where the CPU holds the KV: float16
+    rounded to the exact kernel's CHUNK where the native kernels run (engine/kv/full.py stores
+    kv_dtype float16 then), else the model's dtype, unpadded."""
+    from engine import native
+    from engine.kv.exact_attention import CHUNK
+
+    return (2, CHUNK) if dtype == 4 and native.available() else (dtype, 1)
+
+
+def _padded(tokens: int, multiple: int) -> int:
+    return -(-tokens // multiple) * multiple
+
+
 def sizes_for(target: ModelShape, draft: ModelShape | None, context: int, settings: DecodeSettings,
-           dtype: int, prefill_chunk: int) -> Sizes:
-    layer_tok = target.layer_kv_bytes_per_token(dtype)
+           dtype: int, prefill_chunk: int, cpu_kv: tuple[int, int] | None = None) -> Sizes:
+    """cpu_kv: (bytes per element, padding) of the target's KV where it stays on the CPU
+    (cpu_kv_storage); None: `dtype`, unpadded (a card's)."""
+    from engine.native import BLOCK_KEYS  # the retrieval cache pads its native buffers to a block of keys
+
+    kv_bytes, pad = cpu_kv or (dtype, 1)
+    layer_tok = target.layer_kv_bytes_per_token(kv_bytes)
     budget = budget_tokens(settings, context)
     retrieval = budget > 0
     gamma = max(settings.gamma1, settings.gamma2) + 1
@@ -98,8 +117,9 @@ def sizes_for(target: ModelShape, draft: ModelShape | None, context: int, settin
         embeddings=target.embedding_params() * dtype,
         lm_head=target.lm_head_params() * dtype,
         head_read=(target.vocab * target.hidden + target.hidden) * dtype,
-        layer_kv=context * layer_tok,
-        layer_retrieval=retrieval_capacity(settings, budget) * layer_tok if retrieval else 0,
+        layer_kv=_padded(context, pad) * layer_tok,
+        layer_retrieval=(_padded(retrieval_capacity(settings, budget), BLOCK_KEYS if pad > 1 else 1) * layer_tok
+                         if retrieval else 0),
         layer_retrieval_read=(budget + settings.gamma2 + 1) * layer_tok if retrieval else 0,
         rebuild_scratch=scratch,
         draft_weights=draft_weights,

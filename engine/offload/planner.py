@@ -22,8 +22,8 @@ from engine.offload.cost import floors_for
 from engine.offload.describe import describe, format_bytes, mode_reason
 from engine.offload.devices import (DEFAULT_CPU_ATTN_GBPS, DEFAULT_CPU_HEADROOM, DEFAULT_HEADROOM, GB, GiB, MiB,
                                     PROFILES, RTX_4090, DeviceSpec, GpuSpec, device_spec)
-from engine.offload.layouts import (STAGING_SLOTS, Layout, budget_tokens, cpu_layout, draft_capacity,
-                                    gpu_candidates, min_spare, sizes_for)
+from engine.offload.layouts import (STAGING_SLOTS, Layout, budget_tokens, cpu_kv_storage, cpu_layout,
+                                    draft_capacity, gpu_candidates, min_spare, sizes_for)
 from engine.offload.plan_types import Acceptance, DevicePlan, Floors, ModeOption, Plan
 from engine.offload.shapes import ModelShape
 from engine.settings import DecodeSettings
@@ -73,7 +73,9 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
     if settings.mode in ("ar", "retrieval-only"):
         draft = None
     dtype = dtype_bytes or (2 if spec.gpus else 4)
-    sizes = sizes_for(target, draft, context_tokens, settings, dtype, prefill_chunk)
+    # the CPU alone holds the KV as the CPU runner stores it (float16 where the native kernels run)
+    cpu_kv = cpu_kv_storage(dtype) if not spec.gpus and dtype_bytes is None else None
+    sizes = sizes_for(target, draft, context_tokens, settings, dtype, prefill_chunk, cpu_kv)
     rates = (acceptance.l0_by_l1 if draft else acceptance.ngram_by_l1, acceptance.l1_by_l2)
 
     if not spec.gpus:

@@ -4,7 +4,9 @@
 
 an L2 step (1 token over the full cache), an L2 verification (7 tokens), an L1 step and an L1
 verification (5 tokens, over the retrieval cache at the bench's default budget) and a rebuild of
-the retrieval cache, each the best of five (CPU and wall milliseconds). The caches hold random K/V:
+the retrieval cache, each the best of five (CPU and wall milliseconds), and a prefill chunk (the
+session's chunk of new tokens after the held ones, weights widened as a prefill widens them), the
+best of two. The caches hold random K/V:
 the costs depend on the shapes, not the values.
 """
 from __future__ import annotations
@@ -32,6 +34,8 @@ def level_costs(sizes: list[int]) -> list[str]:
     from engine.settings import default_budget
     from engine.api import Stretch
     from engine.settings import DecodeSettings
+    from engine.decoding.session import prefill_chunk_for
+    from engine.model.quant import widened_for_prefill
 
     engine = Engine(devices="cpu", snapshots=False)
     window = max(sizes) + 256
@@ -64,6 +68,9 @@ def level_costs(sizes: list[int]) -> list[str]:
                  "L2 verify 7": best_ms(lambda: l2(torch.arange(500, 507))),
                  "L1 step": best_ms(lambda: l1(torch.tensor([500]))),
                  "L1 verify 5": best_ms(lambda: l1(torch.arange(500, 505)))}
+        chunk = prefill_chunk_for(runner.device)
+        with widened_for_prefill(runner):
+            costs[f"prefill {chunk}"] = best_ms(lambda: l2(torch.arange(500, 500 + chunk)), 2)
         lines.append(f"{held} held, L1 budget {budget}: " + ", ".join(
             f"{name} {cpu:.1f} cpu-ms / {wall:.1f} ms" for name, (cpu, wall) in costs.items()))
     return lines
