@@ -362,6 +362,7 @@ class ChatSession:
 
     # --- snapshots (prefilled books) -----------------------------------------------------------
     def _snapshot_key(self) -> str:
+        from engine.kv.attention import prefill_tag
         from engine.model.stretch import rope_tag
 
         folder = self.target.folder
@@ -375,6 +376,7 @@ class ChatSession:
         # the GGUF's own blocks (weights_tag) are another target than their float32 conversion
         tags = [getattr(self.target.runner, name, "") for name in ("split_tag", "weights_tag")]
         tags.append(rope_tag(getattr(self.target, "config", None)))  # a YaRN stretch: other positions, other K/V
+        tags.append(prefill_tag(getattr(self.full, "device", "cpu")))  # the native prefill kernel's K/V are not SDPA's
         return ":".join([key] + [t for t in tags if t])
 
     def _restore_snapshot(self, tokens: list[int], reuse: int) -> int:
