@@ -234,3 +234,16 @@ def test_tensor_parallel_snapshots_are_kept_apart_from_one_card_ones(tp_model, t
     key_tp = ChatSession(tp_model, DecodeSettings(), capacity=8192)._snapshot_key()
     assert key_tp == key_one + ":tp2"
     assert tp_model.where == "cpu+cpu (tensor parallel)" and one.where == "cpu"
+
+
+def test_a_natively_prefilled_book_is_kept_apart_from_an_sdpa_one(tiny_model_dir, monkeypatch):
+    """The native prefill kernel and SDPA store K/V of other bits: a snapshot made by one is never
+    restored into a session that prefills with the other."""
+    from engine import native
+
+    model = load_folder(tiny_model_dir("llama", **SHAPE))
+    monkeypatch.setattr(native, "available", lambda: True)
+    key_native = ChatSession(model, DecodeSettings(), capacity=8192)._snapshot_key()
+    monkeypatch.setattr(native, "available", lambda: False)
+    key_sdpa = ChatSession(model, DecodeSettings(), capacity=8192)._snapshot_key()
+    assert key_native != key_sdpa and ":attn-native" not in key_sdpa

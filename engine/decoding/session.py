@@ -372,11 +372,13 @@ class ChatSession:
             key += f":kv-{str(kv_dtype).removeprefix('torch.')}"
         if getattr(self.full, "prefill_dtype", None) is not None:  # other prefill arithmetic, other K/V
             key += f":prefill-{str(self.full.prefill_dtype).removeprefix('torch.')}"
+        native_prefill = prefill_tag(getattr(self.full, "device", "cpu"))
+        if native_prefill:  # the native prefill kernel's K/V are not SDPA's
+            key += f":{native_prefill}"
         # tensor parallel sums split matmuls in another order: its K/V differ from one card's by rounding;
         # the GGUF's own blocks (weights_tag) are another target than their float32 conversion
         tags = [getattr(self.target.runner, name, "") for name in ("split_tag", "weights_tag")]
         tags.append(rope_tag(getattr(self.target, "config", None)))  # a YaRN stretch: other positions, other K/V
-        tags.append(prefill_tag(getattr(self.full, "device", "cpu")))  # the native prefill kernel's K/V are not SDPA's
         return ":".join([key] + [t for t in tags if t])
 
     def _restore_snapshot(self, tokens: list[int], reuse: int) -> int:

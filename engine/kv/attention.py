@@ -26,7 +26,7 @@ def causal_mask(new_tokens: int, total: int, device: torch.device) -> torch.Tens
 def prefill_tag(device: torch.device | str) -> str:
     """What a snapshot key adds for the arithmetic of a prefill on `device`: the native prefill
     kernel and SDPA give K/V of other bits, so a book prefilled by one is not restored into the other."""
-    return "prefill-native" if torch.device(device).type == "cpu" and native.available() else ""
+    return "attn-native" if torch.device(device).type == "cpu" and native.available() else ""
 
 
 def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
