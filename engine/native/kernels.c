@@ -384,6 +384,21 @@ static inline v32u8 q4_codes(const uint8_t *qs) {
 #endif
 }
 
+/* One stored block's scales: d[16] (sub-block scales) and m[8] (sub-block offsets, zero where the kind
+ * has none) and, for Q5_K, the 32 high bits qh; Q4_0/Q5_0 fold their constant offset into m[0]. */
+static inline void block_scales(int kind, const uint8_t *blk, float d[16], float m[8], v32u8 *qh) {
+    if (kind == KIND_Q6_K) {
+        const float dd = half_to_float(blk + 208);
+        for (int j = 0; j < 16; j++) d[j] = dd * (float)(int8_t)blk[192 + j];
+    } else if (kind == KIND_Q4_K || kind == KIND_Q5_K) {
+        k_scales(blk, d, m);
+        if (kind == KIND_Q5_K) *qh = load32u8(blk + 16);
+    } else {
+        d[0] = half_to_float(blk);
+        m[0] = kind == KIND_Q5_0 ? -16.0f * d[0] : kind == KIND_Q4_0_STORED ? -8.0f * d[0] : half_to_float(blk + 2);
+    }
+}
+
 /* Rows [o, o + nr) times tokens [t0, t0 + nt) of a stored kind, y row stride ys. Per row and token
  * two 8-lane accumulators (even and odd quarters of every 32 weights), over the weights in order,
  * summed at the end in a fixed order: the same operations for a token whatever nr, nt or the other
@@ -400,16 +415,7 @@ static inline __attribute__((always_inline)) void tile_stored(int kind, const ui
             float d[16], m[8] = {0};
             v32u8 qh = {0};
             const int subs = (int)(bw / 32);
-            if (kind == KIND_Q6_K) {
-                const float dd = half_to_float(blk + 208);
-                for (int j = 0; j < 16; j++) d[j] = dd * (float)(int8_t)blk[192 + j];
-            } else if (kind == KIND_Q4_K || kind == KIND_Q5_K) {
-                k_scales(blk, d, m);
-                if (kind == KIND_Q5_K) qh = load32u8(blk + 16);
-            } else {
-                d[0] = half_to_float(blk);
-                m[0] = kind == KIND_Q5_0 ? -16.0f * d[0] : kind == KIND_Q4_0_STORED ? -8.0f * d[0] : half_to_float(blk + 2);
-            }
+            block_scales(kind, blk, d, m, &qh);
             #pragma GCC unroll 8
             for (int j = 0; j < subs; j++) {
                 v8f w[4];
@@ -848,16 +854,7 @@ static inline __attribute__((always_inline)) void row_stored_q16a(int kind, cons
         const uint8_t *blk = row + s * bb;
         float d[16], m[8] = {0};
         v32u8 qh = {0};
-        if (kind == KIND_Q6_K) {
-            const float dd = half_to_float(blk + 208);
-            for (int j = 0; j < 16; j++) d[j] = dd * (float)(int8_t)blk[192 + j];
-        } else if (kind == KIND_Q4_K || kind == KIND_Q5_K) {
-            k_scales(blk, d, m);
-            if (kind == KIND_Q5_K) qh = load32u8(blk + 16);
-        } else {
-            d[0] = half_to_float(blk);
-            m[0] = kind == KIND_Q5_0 ? -16.0f * d[0] : kind == KIND_Q4_0_STORED ? -8.0f * d[0] : half_to_float(blk + 2);
-        }
+        block_scales(kind, blk, d, m, &qh);
         #pragma GCC unroll 8
         for (int j = 0; j < subs; j++) {
             v32s8 codes;
