@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
+from int16_reference import check_int16_is_the_quantized_product, int16_reference
 from kquant_pack import pack_k
 
 from engine import native
@@ -256,7 +257,7 @@ def test_the_int16_activation_matmul_bodies_agree(tmp_path):
             y = torch.full((5, 11), float("nan"))
             assert lib.triforce_block_matmul_q16a(matrix.pointer, 11, width, x.data_ptr(), 5, y.data_ptr(), 2) == 0
             torch.testing.assert_close(y, matrix.matmul_int16(x), rtol=1e-5, atol=1e-5, msg=f"{name} {width}")
-            torch.testing.assert_close(y, _int16_reference("Q4_1", blocks, x), rtol=1e-5, atol=1e-5,
+            torch.testing.assert_close(y, int16_reference("Q4_1", blocks, x), rtol=1e-5, atol=1e-5,
                                        msg=f"{name} {width}")
 
 
@@ -278,20 +279,6 @@ def test_4_bit_blocks_are_repacked_with_their_exact_float32_scales(kind):
         assert np.array_equal(group[:, 8 * n:].reshape(3, n, 16), raw[:, first:first + n, -16:])
 
 
-def _int16_reference(kind: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
-    """What the int16-activation kernel computes, in float64: x per block of 32 quantized to
-    round(x / d_a), d_a = max |x| / 32767, times the file's integer nibbles, scaled by d_w d_a, plus
-    the offset m_w d_a sum(q_a) (Q4_0: m = -8 d)."""
-    width = x.shape[1]
-    w = dequantize_blocks(kind, blocks, width).double()  # exactly d * q + m per weight
-    xb = x.reshape(x.shape[0], -1, 32)
-    amax = xb.abs().amax(-1, keepdim=True)
-    da = (amax / 32767.0).double()  # the kernel's float32 scale
-    inv = torch.where(amax > 0, 32767.0 / amax, torch.zeros_like(amax))
-    q = torch.round(xb * inv).double().clamp(-32767, 32767)  # rint of the float32 product
-    return ((q * da).reshape(x.shape[0], width) @ w.T).float()
-
-
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
 @pytest.mark.parametrize("out,width", [(1, 32), (7, 96), (5, 64), (130, 576), (40, 1536), (3, 224)])
 def test_the_int16_activation_matmul_is_the_quantized_product(kind, out, width):
@@ -299,21 +286,7 @@ def test_the_int16_activation_matmul_is_the_quantized_product(kind, out, width):
     quantization times the file's nibbles, within float rounding of that product computed in
     float64, ~1e-5 from the float32 product, and the same for a row whatever the tokens beside it."""
     blocks = np.ascontiguousarray(_blocks(kind, out, width, seed=out))
-    matrix = native.BlockMatrix(kind, blocks)
-    assert matrix.drafts_int16
-    x = torch.randn(6, width, generator=torch.Generator().manual_seed(width))
-    got = matrix.matmul_int16(x)
-    exact = matrix.matmul(x)
-    assert float((got - exact).norm() / exact.norm()) < 1e-4
-    # an outlier in every block coarsens its step to ~0.03: the quantized product, not the float one
-    spiky = x.clone()
-    spiky[:, ::32] = 1000.0
-    got_spiky = matrix.matmul_int16(spiky)
-    off_reference = float((got_spiky - _int16_reference(kind, blocks, spiky)).abs().max())
-    off_float = float((got_spiky - matrix.matmul(spiky)).abs().max())
-    assert off_reference < 0.1 * off_float
-    for t in range(6):  # chunks of up to four tokens: a row alone gives the same values
-        torch.testing.assert_close(matrix.matmul_int16(x[t:t + 1]), got[t:t + 1], rtol=0, atol=0)
+    check_int16_is_the_quantized_product(native.BlockMatrix(kind, blocks), kind, blocks, width)
 
 
 def test_q8_0_weights_draft_through_the_float_kernel():

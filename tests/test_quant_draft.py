@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
+from int16_reference import check_int16_is_the_quantized_product, int16_reference
+from kquant_pack import pack_k
 
 from engine import native
 from engine.model import quant
 from engine.model.quant import QuantWeight, dequantize_blocks
-from kquant_pack import pack_k
 
 STORED_KINDS = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
 
@@ -25,19 +26,6 @@ def _stored_blocks(kind: str, out: int, width: int, seed: int = 0) -> np.ndarray
     return pack_k(kind, rows) if kind.endswith("_K") else quants.quantize(rows, GGMLQuantizationType[kind])
 
 
-def _int16_reference(kind: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
-    """What the int16-activation kernel computes, in float64: x per 32 elements quantized to
-    round(x / d_a), d_a = max |x| / 32767, times the file's weights (exactly d * q + m each)."""
-    width = x.shape[1]
-    w = dequantize_blocks(kind, blocks, width).double()
-    xb = x.reshape(x.shape[0], -1, 32)
-    amax = xb.abs().amax(-1, keepdim=True)
-    da = (amax / 32767.0).double()
-    inv = torch.where(amax > 0, 32767.0 / amax, torch.zeros_like(amax))
-    q = torch.round(xb * inv).double().clamp(-32767, 32767)
-    return ((q * da).reshape(x.shape[0], width) @ w.T).float()
-
-
 @pytest.mark.parametrize("kind", STORED_KINDS)
 @pytest.mark.parametrize("out,width", [(1, 256), (7, 512), (130, 1536)])
 def test_the_stored_kinds_int16_matmul_is_the_quantized_product(kind, out, width):
@@ -45,19 +33,7 @@ def test_the_stored_kinds_int16_matmul_is_the_quantized_product(kind, out, width
     every 32 (a coarse activation step) it is the quantized product, not the float one, so the
     integer codes and every scale are read right; a row's value whatever the tokens beside it."""
     blocks = _stored_blocks(kind, out, width, seed=out)
-    matrix = native.BlockMatrix(kind, blocks)
-    assert matrix.drafts_int16
-    x = torch.randn(6, width, generator=torch.Generator().manual_seed(width))
-    got, exact = matrix.matmul_int16(x), matrix.matmul(x)
-    assert float((got - exact).norm() / exact.norm()) < 1e-4
-    spiky = x.clone()
-    spiky[:, ::32] = 1000.0
-    got_spiky = matrix.matmul_int16(spiky)
-    off_reference = float((got_spiky - _int16_reference(kind, blocks, spiky)).abs().max())
-    off_float = float((got_spiky - matrix.matmul(spiky)).abs().max())
-    assert off_reference < 0.1 * off_float
-    for t in range(6):
-        assert torch.equal(matrix.matmul_int16(x[t:t + 1]), got[t:t + 1])
+    check_int16_is_the_quantized_product(native.BlockMatrix(kind, blocks), kind, blocks, width)
 
 
 @pytest.mark.parametrize("kind", STORED_KINDS)
@@ -66,7 +42,7 @@ def test_a_misread_field_misses_the_quantized_product(kind):
     misses the right blocks' quantized product by far more than its own error."""
     blocks = _stored_blocks(kind, 4, 512, seed=9)
     x = torch.randn(2, 512, generator=torch.Generator().manual_seed(1))
-    reference = _int16_reference(kind, blocks, x)
+    reference = int16_reference(kind, blocks, x)
     own = float((native.BlockMatrix(kind, blocks).matmul_int16(x) - reference).abs().max())
     at = {"Q4_K": 5, "Q5_K": 20, "Q6_K": 195, "Q5_0": 10, "Q5_1": 12}[kind]  # a scale, qh, scale, nibble, nibble
     wrong = blocks.copy().reshape(4, -1, quant.BLOCK_BYTES[kind])
@@ -158,7 +134,7 @@ def test_4_bit_blocks_read_as_stored_are_the_repacked_weights(kind):
     torch.testing.assert_close(stored.matmul_int16(x), repacked.matmul_int16(x), rtol=1e-5, atol=1e-4)
     spiky = x.clone()
     spiky[:, ::32] = 1000.0
-    off_reference = float((stored.matmul_int16(spiky) - _int16_reference(kind, blocks, spiky)).abs().max())
+    off_reference = float((stored.matmul_int16(spiky) - int16_reference(kind, blocks, spiky)).abs().max())
     assert off_reference < 0.1 * float((stored.matmul_int16(spiky) - stored.matmul(spiky)).abs().max())
     weight = QuantWeight(kind, blocks, width, as_stored=True)
     assert torch.equal(weight.matmul(x), got) and torch.equal(weight.dequantize(), dequantize_blocks(kind, blocks, width))
