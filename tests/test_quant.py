@@ -10,23 +10,28 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter, quants
+from kquant_pack import pack_k
 from safetensors.torch import load_file, save_file
+from streams import answer_tokens
+from test_lossless import TINY_SETTINGS
 
 from engine import native
 from engine.decoding.session import ChatSession
 from engine.errors import UnsupportedModelError
 from engine.events import ChatMessage, DocumentText
-from engine.model import draft_vocab
+from engine.model import draft_vocab, quant
 from engine.model.draft_vocab import DraftVocabulary
+from engine.model.file_blocks import CACHE_FILE, unpermute_rows
 from engine.model.fused_layers import FusedLayers
 from engine.model.loading import load_folder
-from engine.model import quant
-from engine.model.quant import (CACHE_FILE, DENSE_ABOVE, QuantWeight, cpu_prefill_attention_dtype, dequantize_blocks,
-                                unpermute_rows, widened_for_prefill)
+from engine.model.quant import (
+    DENSE_ABOVE,
+    QuantWeight,
+    cpu_prefill_attention_dtype,
+    dequantize_blocks,
+    widened_for_prefill,
+)
 from engine.settings import DecodeSettings
-from kquant_pack import pack_k
-from streams import answer_tokens
-from test_lossless import TINY_SETTINGS
 
 KINDS = ("Q4_0", "Q4_1", "Q8_0")
 # The native kernel is the oracle up to float32 sums (~1e-6, tests/test_native.py); where it cannot

@@ -13,7 +13,7 @@ from int16_reference import check_int16_is_the_quantized_product, int16_referenc
 from kquant_pack import pack_k
 
 from engine import native
-from engine.model import quant
+from engine.model import file_blocks, quant
 from engine.model.quant import QuantWeight, dequantize_blocks
 
 STORED_KINDS = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
@@ -85,7 +85,7 @@ def test_a_stack_of_stored_parts_in_their_own_row_order_is_the_model_order_proje
     q = _stored_blocks("Q4_K", heads * dim, width, seed=1)
     k = _stored_blocks("Q4_K", kv_heads * dim, width, seed=2)
     v = _stored_blocks("Q6_K", kv_heads * dim, width, seed=3)
-    q_order, k_order = quant.unpermute_rows(heads * dim, heads), quant.unpermute_rows(kv_heads * dim, kv_heads)
+    q_order, k_order = file_blocks.unpermute_rows(heads * dim, heads), file_blocks.unpermute_rows(kv_heads * dim, kv_heads)
     parts = [QuantWeight("Q4_K", q, width, row_order=q_order), QuantWeight("Q4_K", k, width, row_order=k_order),
              QuantWeight("Q6_K", v, width)]
     stacked = quant.StackedWeight(parts)

@@ -8,7 +8,7 @@ other kind is widened to float32, tensor by tensor. Norms (F32) are small float3
 
 llama.cpp's converter stores a Llama's Q and K rows interleaved per head (for its own RoPE); the
 blocks stay as stored and the kernel writes each row's output to its column in transformers' order
-(quant.unpermute_rows, QuantWeight row_order), so the runner's RoPE is the one its float32 models
+(file_blocks.unpermute_rows, QuantWeight row_order), so the runner's RoPE is the one its float32 models
 use. Qwen2 files are stored unpermuted. q|k|v and gate|up run as a StackedWeight of the stored
 tensors: a file's projections are read from the mapped file, never copied (a small file's Q4_0 and
 Q4_1 blocks are repacked: REPACK_MAX_BYTES).
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.model import quant
+from engine.model import file_blocks, quant
 from engine.store.gguf_file import FLOAT_KINDS, GgufFile
 
 PERMUTED_ARCHITECTURES = ("llama", "mistral")  # llama.cpp interleaves Q/K rows for these
@@ -48,7 +48,7 @@ def _row_order(gguf: GgufFile, arch, role: str) -> np.ndarray | None:
     if gguf.architecture not in PERMUTED_ARCHITECTURES or role not in ("q", "k"):
         return None
     heads = arch.n_heads if role == "q" else arch.n_kv_heads
-    return quant.unpermute_rows(heads * arch.head_dim, heads)
+    return file_blocks.unpermute_rows(heads * arch.head_dim, heads)
 
 
 def widen(gguf: GgufFile, name: str, rows: np.ndarray | None = None) -> torch.Tensor:
@@ -151,7 +151,7 @@ def _layer_name(index: int, role: str, suffix: str = "weight") -> str:
 
 def file_runner(gguf: GgufFile, config, max_positions: int | None = None):
     """A CPU LlamaRunner over the GGUF as stored (see the module docstring)."""
-    from engine.model.runner import Architecture, LlamaRunner, LayerWeights
+    from engine.model.runner import Architecture, LayerWeights, LlamaRunner
 
     arch = Architecture.from_config(config)
     as_stored = reads_q4_as_stored(gguf)

@@ -180,7 +180,7 @@ def _stretch(config, context) -> None:
 def _use_file_blocks(runner, path: Path, required: bool) -> None:
     """Swap in the source GGUF's own blocks when the runner is one CPU runner and the folder was
     converted from a GGUF that is still in place; GPUs and safetensors models keep float32."""
-    from engine.model.quant import CACHE_FILE, use_file_blocks
+    from engine.model.file_blocks import CACHE_FILE, use_file_blocks
     from engine.store.models import gguf_source
 
     on_cpu = isinstance(runner, LlamaRunner) and all(d.type == "cpu" for d in runner.layer_devices)
