@@ -1,13 +1,15 @@
 """Rotary position embedding for the Llama family, every scaling transformers knows.
 
-transformers computes the inverse frequencies (default, linear, dynamic, llama3, yarn...) so our
-numbers match its models exactly; we only turn them into cos/sin for given absolute positions.
+The inverse frequencies are transformers' (default, linear, dynamic, llama3 and yarn computed the
+same way in engine/kv/rope_scaling.py, other variants by transformers itself), so our numbers match
+its models exactly; this module turns them into cos/sin for given absolute positions.
 """
 from __future__ import annotations
 
 import torch
 
 from engine import native
+from engine.kv.rope_scaling import NATIVE_TYPES, inverse_frequencies
 
 
 def _rope_parameters(config) -> dict:
@@ -16,8 +18,8 @@ def _rope_parameters(config) -> dict:
 
 
 def _init_functions() -> dict:
-    """transformers' RoPE initialisers, imported only for a scaled RoPE (transformers takes as long
-    to import as torch)."""
+    """transformers' RoPE initialisers, imported only for a variant rope_scaling.py does not compute
+    (transformers takes as long to import as torch)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     return ROPE_INIT_FUNCTIONS
@@ -49,6 +51,14 @@ class Rotary:
             dim = int(head_dim * float(getattr(config, "partial_rotary_factor", 1.0)))
             inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
             scaling = 1.0
+        elif rope_type in NATIVE_TYPES:
+            theta = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+            factor = float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
+            trained = int(getattr(config, "max_position_embeddings", max_positions))
+            if getattr(config, "original_max_position_embeddings", None):  # outside rope_parameters (Phi-3 style)
+                params["original_max_position_embeddings"] = config.original_max_position_embeddings
+            inv_freq, scaling = inverse_frequencies(params, int(head_dim * factor), theta, trained, max_positions,
+                                                    device)
         elif rope_type in _init_functions():
             fn = _init_functions()[rope_type]
             config = _transformers_config(config)

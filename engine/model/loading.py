@@ -9,7 +9,10 @@ from typing import Callable
 import torch
 
 from engine.errors import ModelFormatError, UnsupportedModelError
+from engine.kv.rope_scaling import NATIVE_TYPES
 from engine.model.runner import LlamaRunner, read_safetensors
+
+LIGHT_ROPE = ("default", *NATIVE_TYPES)  # RoPE variants a GGUF's config needs no transformers for
 
 Progress = Callable[[str, float | None], None]
 
@@ -65,12 +68,13 @@ def _eos_ids(folder: Path, config, tokenizer) -> tuple[int, ...]:
 
 def load_config(path: Path):
     """The folder's transformers config; a config.json with wrong types or bad JSON is a ModelFormatError.
-    A GGUF's metadata folder with plain RoPE gives its config.json as attributes (no transformers import)."""
+    A GGUF's metadata folder whose RoPE engine/kv/rope_scaling.py computes gives its config.json as
+    attributes (no transformers import)."""
     if _light_folder(path):
         from engine.model.folder_tokenizer import FolderConfig
 
         config = FolderConfig.from_folder(path)
-        if dict(getattr(config, "rope_parameters", None) or {}).get("rope_type", "default") == "default":
+        if dict(getattr(config, "rope_parameters", None) or {}).get("rope_type", "default") in LIGHT_ROPE:
             return config
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
