@@ -315,12 +315,15 @@ def plan_for(target_spec: str, draft_spec: str | None, context: int, settings: D
              ram_bytes: int | None = None, headroom_bytes: int | None = None, tp_offload: bool = True,
              tensor_parallel: bool | None = None, cpu_attn_gbps: float | None = None):
     """The offload plan `main.py plan` prints, from config files only: like preview_plan, with every
-    planner knob, and a context past the model's refused (ContextOverflowError) instead of cut.
+    planner knob, and a context past the model's planned stretched as `chat --context` stretches it
+    (one past what a stretch allows is refused with a typed error) instead of cut.
     A misfit returns the closest plan with fits=False; bad input raises a UserError."""
     from engine.offload.devices import DEFAULT_HEADROOM, device_spec
     from engine.offload.planner import plan_placement
 
-    target = shape_for(target_spec)
+    from engine.model.stretch import stretched_shape
+
+    target = stretched_shape(shape_for(target_spec), context)  # past its trained context: YaRN, as chat --context
     draft = shape_for(draft_spec) if draft_spec and draft_spec not in DRAFTERS_WITHOUT_MODEL else None
     return plan_placement(target, draft, context, settings, device_spec(profile, ram_bytes=ram_bytes),
                           headroom_bytes=DEFAULT_HEADROOM if headroom_bytes is None else headroom_bytes,

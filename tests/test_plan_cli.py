@@ -81,9 +81,13 @@ def test_misfit_prints_plan_then_exits_2(tmp_path) -> None:
     assert r.stderr.startswith("error: offloaded KV needs")
 
 
-def test_context_overflow_exit_2(tmp_path) -> None:
-    r = run_plan(tmp_path, "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--context", "20000", "--devices", "cpu")
-    assert r.returncode == 2 and "exceeds" in r.stderr and "8192" in r.stderr
+def test_a_context_past_the_trained_one_is_planned_stretched_and_past_4x_exits_2(tmp_path) -> None:
+    """As `chat --context`: 20,000 tokens on an 8K model plan its YaRN stretch (KV for all of them);
+    more than the largest stretch (8x) is refused in one line that says how far it can go."""
+    ok = run_plan(tmp_path, "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--context", "20000", "--devices", "cpu")
+    assert ok.returncode == 0 and "20000 tokens" in ok.stdout
+    r = run_plan(tmp_path, "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--context", "70000", "--devices", "cpu")
+    assert r.returncode == 2 and "at most 65536 tokens" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_a_headroom_past_the_card_is_refused_not_planned_as_negative_memory(tmp_path) -> None:

@@ -190,8 +190,10 @@ def test_smollm2_135m_fits_on_cpu() -> None:
     assert plan.kv_layers_offloaded == 0
     kv_bytes = 2 if native.available() else 4  # the CPU runner stores float16 K/V where the native kernels run
     assert plan.device("cpu").component("full_kv") == 8192 * 30 * 3 * 64 * 2 * kv_bytes
-    small = DeviceSpec("cpu", 4 * GiB, 3 * GiB)  # a small laptop still fits it
-    assert plan_placement(t, None, 8192, S, small).fits
+    # the process (runtime included, ~1.07 GB) and the 2 GiB kept free: an 8 GiB laptop with 3.5 GiB
+    # available fits it, one with 2.5 GiB available does not
+    assert plan_placement(t, None, 8192, S, DeviceSpec("cpu", 8 * GiB, int(3.5 * GiB))).fits
+    assert not plan_placement(t, None, 8192, S, DeviceSpec("cpu", 4 * GiB, int(2.5 * GiB)), raise_on_misfit=False).fits
 
 
 def test_qwen_pair_with_padded_vocab_is_compatible() -> None:
@@ -386,3 +388,32 @@ def test_the_cpu_plan_counts_the_bytes_the_caches_allocate(tiny_model_dir, conte
     cpu = plan.device("cpu")
     assert cpu.component("full_kv") == held(full)
     assert cpu.component("retrieval_cache") == held(retrieval)
+
+
+def test_a_gguf_on_the_cpu_is_planned_as_its_blocks_plus_the_prefill_copy_and_the_runtime(bundled_model_dir,
+                                                                                        tmp_path) -> None:
+    """The CPU runs a GGUF's own blocks memory-mapped: the plan counts the file's tensor bytes for the
+    weights (not float32), the float32 copy a long prefill keeps of the projections, and the process's
+    runtime (torch and the tokenizer), so its total is what the process holds. A card still counts
+    the weights widened to bf16."""
+    import gguf
+
+    from engine.offload.layouts import RUNTIME_BYTES, TOKENIZER_BYTES_PER_TOKEN
+    from tiny_gguf import write_gguf
+
+    path = tmp_path / "mixed.gguf"
+    write_gguf(path, bundled_model_dir, {"q": "Q4_0", "k": "Q8_0", "v": "Q4_0", "o": "Q8_0", "gate": "Q4_1",
+                                         "up": "Q4_1", "down": "Q8_0", "embed": "Q8_0"}, vocab_size=512)
+    stored = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors}
+    shape = shape_for(str(path))
+    assert shape.file_bytes == (sum(b for n, b in stored.items() if n.startswith("blk.")), stored["token_embd.weight"],
+                                sum(b for n, b in stored.items() if not n.startswith("blk.") and n != "token_embd.weight"))
+    cpu = plan_placement(shape, None, 1024, S.fit_budget(1024), "cpu").device("cpu")
+    if native.available():
+        weights = sum(cpu.component(c) for c in ("target_layers", "target_embeddings", "target_lm_head"))
+        assert abs(weights - sum(stored.values())) < shape.layers  # per-layer share rounds down
+        assert cpu.component("prefill_weights_f32") == 4 * shape.layers * (shape.layer_params() - 2 * shape.hidden)
+    assert cpu.component("runtime") == RUNTIME_BYTES + TOKENIZER_BYTES_PER_TOKEN * shape.vocab
+    card = plan_placement(shape, None, 1024, S.fit_budget(1024), "4090").device("cuda:0")
+    assert card.component("target_layers") == shape.layers * shape.layer_params() * 2
+    assert card.component("prefill_weights_f32") == 0 and card.component("runtime") == 0

@@ -13,7 +13,8 @@ def mode_reason(best: Layout, alternatives: tuple[ModeOption, ...], spec: Device
         streamed = (f"{off} layers' KV offloaded to pinned CPU memory; per L2 forward the CPU attends some of their KV"
                     " heads where they live while PCIe streams the rest (hybrid)")
     if best.mode == "cpu":
-        return "no GPU: everything in RAM, fp32"
+        return ("no GPU: everything in RAM, the file's blocks as stored (fp32 arithmetic)" if best.weights_as_stored
+                else "no GPU: everything in RAM, fp32")
     if len(spec.gpus) == 1:
         return streamed if off else "everything on the one GPU"
     if best.mode == "tensor-parallel":

@@ -16,6 +16,8 @@ from engine.settings import DecodeSettings
 
 STAGING_SLOTS = 2  # GPU buffers of one layer's KV each: copy layer i+1 while layer i computes
 SCORE_PIECE_TOKENS = 16384  # RetrievalCache.SCORE_PIECE: offloaded keys come to the card in pieces to be scored
+RUNTIME_BYTES = 224 << 20  # what importing torch and the engine leaves resident in the process
+TOKENIZER_BYTES_PER_TOKEN = 900  # a fast tokenizer's tables at their peak while loading, per vocabulary entry
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Sizes:
     draft_read: int  # bytes one draft step reads
     activations: int
     logits: int
+    weights_as_stored: bool = False  # a GGUF's blocks, memory-mapped (the CPU); else widened to `dtype`
+    prefill_weights: int = 0  # float32 copy of a file's blocks a long prefill keeps (engine/model/quant.py)
 
 
 @dataclass
@@ -54,6 +58,7 @@ class Layout:
     floors: Floors | None = None
     cpu_heads: list[int] = field(default_factory=list)  # per layer: KV heads (per card share) attended on the CPU
     cpu_split: dict[str, int] = field(default_factory=dict)  # per card: CPU heads over all its offloaded layers
+    weights_as_stored: bool = False  # the CPU runs the file's own blocks (Sizes.weights_as_stored)
 
 
 def budget_tokens(settings: DecodeSettings, context_tokens: int) -> int:
@@ -91,6 +96,7 @@ def sizes_for(target: ModelShape, draft: ModelShape | None, context: int, settin
            dtype: int, prefill_chunk: int, cpu_kv: tuple[int, int] | None = None) -> Sizes:
     """cpu_kv: (bytes per element, padding) of the target's KV where it stays on the CPU
     (cpu_kv_storage); None: `dtype`, unpadded (a card's)."""
+    from engine.model.quant import WIDEN_MAX  # a prefill keeps a float32 copy of a file's blocks up to this
     from engine.native import BLOCK_KEYS  # the retrieval cache pads its native buffers to a block of keys
 
     kv_bytes, pad = cpu_kv or (dtype, 1)
@@ -110,13 +116,23 @@ def sizes_for(target: ModelShape, draft: ModelShape | None, context: int, settin
     # indices and the gathered K/V of the budget before they land in the retrieval buffers.
     scratch = (math.ceil(context / settings.chunk) * kv_row * 4 + min(SCORE_PIECE_TOKENS, context) * kv_row * dtype
                + budget * target.kv_heads * 8 + 2 * budget * kv_row * dtype if retrieval else 0)
+    file_blocks = cpu_kv is not None and target.file_bytes is not None  # the CPU runs the GGUF's own blocks
+    if file_blocks:
+        layers_bytes, embeddings, head = target.file_bytes
+        layer_weights = layers_bytes // target.layers
+        head_read = head if not target.tie_embeddings else embeddings + head
+        widened = 4 * target.layers * (target.layer_params() - 2 * target.hidden)  # projections, not the norms
+        prefill_weights = widened if widened <= WIDEN_MAX else 0
+    else:
+        layer_weights, embeddings = target.layer_params() * dtype, target.embedding_params() * dtype
+        head, head_read, prefill_weights = target.lm_head_params() * dtype, (target.vocab * target.hidden + target.hidden) * dtype, 0
     return Sizes(
         layers=target.layers,
         tied=target.tie_embeddings,
-        layer_weights=target.layer_params() * dtype,
-        embeddings=target.embedding_params() * dtype,
-        lm_head=target.lm_head_params() * dtype,
-        head_read=(target.vocab * target.hidden + target.hidden) * dtype,
+        layer_weights=layer_weights,
+        embeddings=embeddings,
+        lm_head=head,
+        head_read=head_read,
         layer_kv=_padded(context, pad) * layer_tok,
         layer_retrieval=(_padded(retrieval_capacity(settings, budget), BLOCK_KEYS if pad > 1 else 1) * layer_tok
                          if retrieval else 0),
@@ -128,16 +144,23 @@ def sizes_for(target: ModelShape, draft: ModelShape | None, context: int, settin
                     + draft_window * draft.kv_bytes_per_token(dtype)) if draft else 0,
         activations=act,
         logits=gamma * target.vocab * 4 * 3,  # fp32 p, q and residual for gamma+1 positions
+        weights_as_stored=file_blocks,
+        prefill_weights=prefill_weights,
     )
 
 
-def cpu_layout(s: Sizes, spec: DeviceSpec, cpu_headroom: int) -> Layout:
+def cpu_layout(s: Sizes, spec: DeviceSpec, cpu_headroom: int, vocab: int = 0) -> Layout:
+    """Everything on the CPU, counted as the process holds it: with the runtime (torch, the
+    tokenizer of `vocab` entries), so the total is what the process's peak resident set should be."""
     n = s.layers
+    runtime = RUNTIME_BYTES + TOKENIZER_BYTES_PER_TOKEN * vocab
     parts = {"cpu": nonzero({
         "target_layers": n * s.layer_weights, "target_embeddings": s.embeddings, "target_lm_head": s.lm_head,
         "full_kv": n * s.layer_kv, "retrieval_cache": n * s.layer_retrieval, "rebuild_scratch": s.rebuild_scratch,
-        "draft_weights": s.draft_weights, "draft_cache": s.draft_cache, "working": s.activations + s.logits})}
-    lay = Layout("cpu", parts, ["cpu"] * n, ["cpu"] * n, "cpu" if s.draft_weights else None)
+        "draft_weights": s.draft_weights, "draft_cache": s.draft_cache, "working": s.activations + s.logits,
+        "prefill_weights_f32": s.prefill_weights, "runtime": runtime})}
+    lay = Layout("cpu", parts, ["cpu"] * n, ["cpu"] * n, "cpu" if s.draft_weights else None,
+                 weights_as_stored=s.weights_as_stored)
     need, have = sum(parts["cpu"].values()), spec.ram_available_bytes - cpu_headroom
     if need > have:
         lay.shortfalls.append((f"weights, KV and caches need {gb_text(need)} but the CPU has {gb_text(have)} of RAM available"

@@ -79,7 +79,7 @@ def plan_placement(target: ModelShape, draft: ModelShape | None, context_tokens:
     rates = (acceptance.l0_by_l1 if draft else acceptance.ngram_by_l1, acceptance.l1_by_l2)
 
     if not spec.gpus:
-        candidates = [cpu_layout(sizes, spec, cpu_headroom_bytes)]
+        candidates = [cpu_layout(sizes, spec, cpu_headroom_bytes, target.vocab)]
     else:
         candidates = gpu_candidates(sizes, target, draft, spec, headroom_bytes, cpu_headroom_bytes, tp_offload)
     for lay in candidates:

@@ -7,7 +7,7 @@ family (Llama 2/3, Mistral, Qwen2, SmolLM2): attention, SwiGLU MLP, two RMSNorms
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,9 @@ class ModelShape:
     tie_embeddings: bool
     qkv_bias: bool
     dtype_bytes: int  # of the checkpoint (config's torch_dtype); 2 when unknown
+    # bytes of a GGUF's own blocks (all layers, token embedding, untied output + norm), which the CPU
+    # runs memory-mapped as stored; None for a checkpoint the CPU widens to float32
+    file_bytes: tuple[int, int, int] | None = None
 
     @classmethod
     def from_config(cls, config: Any, name: str = "") -> "ModelShape":
@@ -173,6 +176,9 @@ def _shape_from_gguf(path: Path) -> ModelShape:
         "max_position_embeddings": field(f"{arch}.context_length"),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
-        "torch_dtype": "bfloat16",  # GGUF weights are quantized; we convert them to bf16/fp32
+        "torch_dtype": "bfloat16",  # a GPU widens the file's blocks to bf16; the CPU runs them (file_bytes)
     }
-    return ModelShape.from_config(config, name=path.stem)
+    layers = sum(t.nbytes for name, t in header.tensors.items() if name.startswith("blk."))
+    embedding = header.tensors["token_embd.weight"].nbytes if "token_embd.weight" in header.tensors else 0
+    head = sum(t.nbytes for name, t in header.tensors.items() if not name.startswith("blk.") and name != "token_embd.weight")
+    return replace(ModelShape.from_config(config, name=path.stem), file_bytes=(layers, embedding, head))
