@@ -1044,10 +1044,12 @@ static inline __attribute__((always_inline)) v8f kv8(const void *base, int64_t i
  * Against the 8-lane code (docs/notes/cpu-speed.md, "Eighteenth pass"), per layer over 4K keys:
  * 1 token 0.205 -> 0.155 ms, 2 tokens 0.364 -> 0.231, 4 tokens 0.653 -> 0.401. */
 #define WIDE_ATTENTION 1
-#define ROW_GROUP 6
-#else
-#define ROW_GROUP 3  /* rows attended together (a GQA group at one token): a K/V chunk is widened once for all */
 #endif
+/* rows attended together (two tokens of a 3-query-head GQA group): a K/V chunk is widened once for
+ * all of them. With 8-lane registers a group of 6 keeps 12 accumulators and 2 widened chunks in
+ * the 16 registers (scores: 6 rows x 2 keys; values: 6 rows x 2 chunks), and widens each chunk half
+ * as often in a verification forward as groups of 3 did */
+#define ROW_GROUP 6
 
 #ifdef WIDE_ATTENTION
 /* [8 elements of K/V from i0 | 8 from i1], widened as kv8 widens them */
