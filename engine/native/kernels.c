@@ -1047,8 +1047,8 @@ static inline __attribute__((always_inline)) v8f kv8(const void *base, int64_t i
 #endif
 /* rows attended together (two tokens of a 3-query-head GQA group): a K/V chunk is widened once for
  * all of them. With 8-lane registers a group of 6 keeps 12 accumulators and 2 widened chunks in
- * the 16 registers (scores: 6 rows x 2 keys; values: 6 rows x 2 chunks), and widens each chunk half
- * as often in a verification forward as groups of 3 did */
+ * the 16 registers (scores: 6 rows x 2 keys; values: 6 rows x 2 chunks), and a verification forward
+ * widens each chunk once per 6 of its rows */
 #define ROW_GROUP 6
 
 #ifdef WIDE_ATTENTION
@@ -1218,12 +1218,8 @@ static void attend_group_any(int nr, const float *const qs[ROW_GROUP], const voi
         if (dim == 64) attend_group(NR, qs, kb, vb, HALF, n, 64, m, l, acc); \
         else if (dim == 128) attend_group(NR, qs, kb, vb, HALF, n, 128, m, l, acc); \
         else attend_group(NR, qs, kb, vb, HALF, n, dim, m, l, acc); } while (0)
-#if ROW_GROUP > 3
 #define ROWS(HALF) if (nr == 6) ATTEND(6, HALF); else if (nr == 5) ATTEND(5, HALF); else if (nr == 4) ATTEND(4, HALF); \
         else if (nr == 3) ATTEND(3, HALF); else if (nr == 2) ATTEND(2, HALF); else ATTEND(1, HALF)
-#else
-#define ROWS(HALF) if (nr == 3) ATTEND(3, HALF); else if (nr == 2) ATTEND(2, HALF); else ATTEND(1, HALF)
-#endif
     if (half) {
         ROWS(1);
     } else {
