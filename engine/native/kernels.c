@@ -1044,10 +1044,12 @@ static inline __attribute__((always_inline)) v8f kv8(const void *base, int64_t i
  * Against the 8-lane code (docs/notes/cpu-speed.md, "Eighteenth pass"), per layer over 4K keys:
  * 1 token 0.205 -> 0.155 ms, 2 tokens 0.364 -> 0.231, 4 tokens 0.653 -> 0.401. */
 #define WIDE_ATTENTION 1
-#define ROW_GROUP 6
-#else
-#define ROW_GROUP 3  /* rows attended together (a GQA group at one token): a K/V chunk is widened once for all */
 #endif
+/* rows attended together (two tokens of a 3-query-head GQA group): a K/V chunk is widened once for
+ * all of them. With 8-lane registers a group of 6 keeps 12 accumulators and 2 widened chunks in
+ * the 16 registers (scores: 6 rows x 2 keys; values: 6 rows x 2 chunks), and a verification forward
+ * widens each chunk once per 6 of its rows */
+#define ROW_GROUP 6
 
 #ifdef WIDE_ATTENTION
 /* [8 elements of K/V from i0 | 8 from i1], widened as kv8 widens them */
@@ -1216,12 +1218,8 @@ static void attend_group_any(int nr, const float *const qs[ROW_GROUP], const voi
         if (dim == 64) attend_group(NR, qs, kb, vb, HALF, n, 64, m, l, acc); \
         else if (dim == 128) attend_group(NR, qs, kb, vb, HALF, n, 128, m, l, acc); \
         else attend_group(NR, qs, kb, vb, HALF, n, dim, m, l, acc); } while (0)
-#if ROW_GROUP > 3
 #define ROWS(HALF) if (nr == 6) ATTEND(6, HALF); else if (nr == 5) ATTEND(5, HALF); else if (nr == 4) ATTEND(4, HALF); \
         else if (nr == 3) ATTEND(3, HALF); else if (nr == 2) ATTEND(2, HALF); else ATTEND(1, HALF)
-#else
-#define ROWS(HALF) if (nr == 3) ATTEND(3, HALF); else if (nr == 2) ATTEND(2, HALF); else ATTEND(1, HALF)
-#endif
     if (half) {
         ROWS(1);
     } else {

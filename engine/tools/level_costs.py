@@ -4,7 +4,9 @@
 
 an L2 step (1 token over the full cache), an L2 verification (7 tokens), an L1 step and an L1
 verification (5 tokens, over the retrieval cache at the bench's default budget) and a rebuild of
-the retrieval cache, each the best of five (CPU and wall milliseconds), and a prefill chunk (the
+the retrieval cache, each the best of five (CPU and wall milliseconds); the attention part of an
+L2 step and of an L2 verification alone (every layer's native decode attention over the held K/V,
+with the GB/s of K/V it reads), so a step splits into attention and the rest; and a prefill chunk (the
 session's chunk of new tokens after the held ones, weights widened as a prefill widens them), the
 best of two. The caches hold random K/V:
 the costs depend on the shapes, not the values.
@@ -36,6 +38,7 @@ def level_costs(sizes: list[int]) -> list[str]:
     from engine.settings import DecodeSettings
     from engine.decoding.session import prefill_chunk_for
     from engine.model.quant import widened_for_prefill
+    from engine import native
 
     engine = Engine(devices="cpu", snapshots=False)
     window = max(sizes) + 256
@@ -47,6 +50,7 @@ def level_costs(sizes: list[int]) -> list[str]:
         full.keys[layer].copy_(torch.randn(full.keys[layer].shape, generator=gen))
         full.values[layer].copy_(torch.randn(full.values[layer].shape, generator=gen))
     lines = []
+    gbps: dict[str, float] = {}  # K/V read per wall second, for the attention-only rows
     for held in sizes:
         budget = default_budget(held, 16)
         full.rollback(0)
@@ -63,16 +67,27 @@ def level_costs(sizes: list[int]) -> list[str]:
             runner.forward(tokens, torch.arange(held, held + len(tokens)), retrieval, last_only=True, draft=True)
             retrieval.rollback(kept)
 
+        def attention(tokens: int) -> None:  # what a forward of `tokens` rows spends in attention
+            q = torch.randn(a.n_heads, tokens, a.head_dim, generator=gen)  # [Hq, T, D]
+            for layer in range(a.n_layers):
+                native.attention(q, full.keys[layer], full.values[layer], held + tokens)
+
         costs = {"rebuild": best_ms(lambda: retrieval.rebuild(queries), 3),
                  "L2 step": best_ms(lambda: l2(torch.tensor([500]))),
                  "L2 verify 7": best_ms(lambda: l2(torch.arange(500, 507))),
                  "L1 step": best_ms(lambda: l1(torch.tensor([500]))),
                  "L1 verify 5": best_ms(lambda: l1(torch.arange(500, 505)))}
+        if full.native_attention:
+            kv_bytes = 2 * a.n_layers * a.n_kv_heads * a.head_dim * held * full.keys[0].element_size()
+            for rows in (1, 7):
+                costs[f"L2 attention {rows}"] = best_ms(lambda rows=rows: attention(rows))
+                gbps[f"L2 attention {rows}"] = kv_bytes / costs[f"L2 attention {rows}"][1] / 1e6
         chunk = prefill_chunk_for(runner.device)
         with widened_for_prefill(runner):
             costs[f"prefill {chunk}"] = best_ms(lambda: l2(torch.arange(500, 500 + chunk)), 2)
         lines.append(f"{held} held, L1 budget {budget}: " + ", ".join(
-            f"{name} {cpu:.1f} cpu-ms / {wall:.1f} ms" for name, (cpu, wall) in costs.items()))
+            f"{name} {cpu:.1f} cpu-ms / {wall:.1f} ms" + (f" ({gbps[name]:.1f} GB/s)" if name in gbps else "")
+            for name, (cpu, wall) in costs.items()))
     return lines
 
 
