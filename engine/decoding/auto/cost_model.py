@@ -14,15 +14,14 @@ from engine.settings import Mode
 
 TIMING_WINDOW = 3  # a forward size is priced at the (low) median of its last 3 timings: one spike moves nothing, two re-time it
 PRIOR_SLOPE = 0.15  # an untimed extra checked token costs 15 % of a 1-token forward (CPU: 0.1-0.2, GPU: ~0)
-PRIOR_ACCEPTANCE = 0.6  # a boundary's acceptance before it is measured (exploration measures it at once)
-PRIOR_WEIGHT = 2.0  # a draft depth's rate counts 2 pseudo-checks at the depth above's rate
+PRIOR_DRAFTER = 0.6  # acceptance of L0 (an n-gram lookup or a small model) before it is measured: no basis to trust it
+PRIOR_RETRIEVAL = 0.9  # acceptance of L1 at L2 before it is measured: L1 is the target itself on a subset of its K/V
+PRIOR_WEIGHT = 2.0  # a draft depth's rate counts 2 pseudo-checks at the depth above's rate (depth 1: at the prior)
 ACCEPTANCE_DECAY = 0.98  # per verification: acceptance remembers ~50 checks, two or three answers
 REALIZED_DECAY = 0.95  # per cycle of a mode: its wall-time ratio remembers ~20 of its cycles
 LENGTH_STEP = 2  # the model moves a draft length by at most 2 a cycle, as the rule does (a local search)
 SPIKE_CLIP = 3.0  # a timing or a cycle counts at most 3x what was expected of it: a spike moves a price a little,
 # while an overhead the forwards miss (a head slice, a cache sync) shows in a mode's first cycle
-
-BOUNDARIES = ("l0_l1", "l1_l2", "l0_l2")
 
 
 class StepTimes:
@@ -73,7 +72,9 @@ class Acceptance:
     """Acceptance at one boundary by draft depth: a_d = P(the d-th drafted token is accepted | the
     ones before it were), from decayed counts; a depth with few checks leans on the depth above."""
 
-    def __init__(self) -> None:
+    def __init__(self, prior: float, by_depth: bool = True) -> None:
+        self.prior = prior  # the rate at depth 1 before any check (PRIOR_WEIGHT pseudo-checks)
+        self.by_depth = by_depth  # False: one rate for every depth, from all the checks of every depth
         self.reached = [0.0] * DEPTHS
         self.accepted = [0.0] * DEPTHS
         self._expected: list[float] | None = None  # tokens yielded per draft length 0..DEPTHS, until the next add
@@ -95,7 +96,10 @@ class Acceptance:
 
     def rates(self, depth: int) -> list[float]:
         """a_1 .. a_depth."""
-        out, above = [], PRIOR_ACCEPTANCE
+        if not self.by_depth:
+            rate = (sum(self.accepted) + PRIOR_WEIGHT * self.prior) / (sum(self.reached) + PRIOR_WEIGHT)
+            return [rate] * depth
+        out, above = [], self.prior
         for d in range(min(depth, DEPTHS)):
             above = (self.accepted[d] + PRIOR_WEIGHT * above) / (self.reached[d] + PRIOR_WEIGHT)
             out.append(above)
@@ -119,7 +123,11 @@ class CostModel:
 
     def __init__(self) -> None:
         self.times = StepTimes()
-        self.acceptance = {b: Acceptance() for b in BOUNDARIES}
+        # what a drafter is sets its prior and its shape: L0 (a lookup that is right for a run of tokens
+        # or not at all, or another model) is kept per depth; L1 is the target on part of its context,
+        # wrong only where the attention outside its cache decides a token, so at any depth alike
+        self.acceptance = {"l0_l1": Acceptance(PRIOR_DRAFTER), "l0_l2": Acceptance(PRIOR_DRAFTER),
+                           "l1_l2": Acceptance(PRIOR_RETRIEVAL, by_depth=False)}
         self._realized: dict[Mode, list[float]] = {}  # mode -> [decayed wall seconds, decayed predicted seconds]
         # bytes an L1 forward reads over an L2 forward's (the weights and the retrieval cache against the
         # weights and the whole context); where known, it prices L1 before L1 ever ran, so an L1
@@ -148,11 +156,11 @@ class CostModel:
         l1_one = self._l1(1)
         if l1_one is None or not (acc["l1_l2"].known or self.l1_share is not None):
             return None
-        check = t("l2", g2 + 1)
+        check, tokens = t("l2", g2 + 1), acc["l1_l2"].expected(g2)
         if mode is Mode.RETRIEVAL_ONLY:
-            return g2 * l1_one + check, acc["l1_l2"].expected(g2)
+            return g2 * l1_one + check, tokens
         # triforce: L1 forwards of g1 + 1 tokens, each yielding E(l0_l1, g1), until g2 tokens are drafted
-        return g2 * self._l1_per_token(g1) + check, acc["l1_l2"].expected(g2)
+        return g2 * self._l1_per_token(g1) + check, tokens
 
     def _l1_per_token(self, g1: int) -> float:
         """triforce's seconds of L0 and L1 per token L1 drafts, L0 drafting g1 tokens per L1 forward."""
@@ -180,6 +188,16 @@ class CostModel:
     def _per_token(self, mode: Mode, g1: int, g2: int) -> float:
         seconds, tokens = self._cycle(mode, g1, g2)
         return seconds / tokens
+
+    def floor(self, s: Structure) -> float | None:
+        """The least `s` could cost a token where a bound is known: retrieval-only's forwards are
+        timed or priced by their bytes, and its one unmeasured input, L1's agreement with L2, is at
+        most full (L1 is the target on part of its own K/V), so its floor prices every L1 draft
+        accepted at the best length. Elsewhere the price (L0's acceptance has no such bound)."""
+        if s.mode is not Mode.RETRIEVAL_ONLY or self.price(s) is None:
+            return self.price(s)
+        l1_one, t = self._l1(1), self.times.estimate
+        return self.ratio(s.mode) * min((g * l1_one + t("l2", g + 1)) / (g + 1) for g in range(1, DEPTHS + 1))
 
     def modelled(self, s: Structure) -> float | None:
         """Seconds per token the forwards alone predict (no realized correction)."""

@@ -133,7 +133,8 @@ class AutoPolicy:
         prices = {m: self.model.price(self.lengths[m]) for m in modes}
         self.candidates = tuple(CandidateCost(self.lengths[m].label, p * 1000.0, m in self.schedule.last_run)
                                 for m, p in prices.items() if p is not None)
-        return self._ran(self.lengths[self.schedule.next(prices)])
+        floors = {m: self.model.floor(self.lengths[m]) for m in modes if m not in self.schedule.last_run}
+        return self._ran(self.lengths[self.schedule.next(prices, prices | floors)])
 
     def _ran(self, chosen: Structure) -> Structure:
         self.current = chosen

@@ -30,8 +30,10 @@ class Schedule:
         self._probe_left = 0
         self._refreshing = False
 
-    def next(self, prices: dict[Mode, float | None]) -> Mode:
-        """The mode for the next cycle. `prices`: every mode auto may run (None: not priceable)."""
+    def next(self, prices: dict[Mode, float | None], floors: dict[Mode, float | None] | None = None) -> Mode:
+        """The mode for the next cycle. `prices`: every mode auto may run (None: not priceable);
+        `floors`: the least each could cost (default: its price); a mode never run is explored,
+        cheapest first, unless its floor is above the cheapest measured price."""
         self.cycle += 1
         if self._probe_left and self._probe in prices:
             return self._ran(self._probe, probe=True)
@@ -39,9 +41,12 @@ class Schedule:
             self._judge(prices)
         priced = {m: p for m, p in prices.items() if p is not None}
         measured = [p for m, p in priced.items() if m in self.last_run]
-        for mode, price in prices.items():  # exploration, in the order given
-            if mode not in self.last_run and (price is None or not measured or price < min(measured)):
-                return self._start_probe(mode, refresh=False)
+        floors = floors or prices
+        unexplored = [m for m, p in prices.items() if m not in self.last_run and (
+            p is None or floors[m] is None or not measured or floors[m] < min(measured))]
+        if unexplored:  # the unpriceable first, in the order given, then the one priced cheapest
+            return self._start_probe(min(unexplored, key=lambda m: (prices[m] is not None, prices[m] or 0.0)),
+                                     refresh=False)
         if not priced:
             return self._ran(next(iter(prices)))
         best = min(priced, key=priced.get)
