@@ -333,7 +333,11 @@ def _stored_blocks(kind: str, out: int, width: int, seed: int = 0) -> np.ndarray
     return pack_k(kind, rows) if kind.endswith("_K") else quants.quantize(rows, GGMLQuantizationType[kind])
 
 
-@pytest.mark.parametrize("kind", STORED_KINDS)
+FLOAT_STORED_KINDS = ("Q5_0", "Q5_1")  # read as stored, times float32 activations
+K_KINDS = ("Q4_K", "Q5_K", "Q6_K")  # read as stored, times int16 activations
+
+
+@pytest.mark.parametrize("kind", FLOAT_STORED_KINDS)
 @pytest.mark.parametrize("out,width", [(1, 256), (7, 512), (130, 1536)])
 def test_stored_kinds_matmul_is_the_oracle_and_a_misread_field_fails_it(kind, out, width):
     """The file's bytes read as stored times float32 activations: x @ dequantize(W).T up to the
@@ -351,6 +355,44 @@ def test_stored_kinds_matmul_is_the_oracle_and_a_misread_field_fails_it(kind, ou
         wrong[0, at] ^= bit
         missed = (native.block_matmul(kind, wrong, x) - want).abs().max()
         assert missed > 100 * tolerance, (kind, field, float(missed))
+
+
+def activation_rounding_bound(blocks: np.ndarray, kind: str, x: torch.Tensor) -> torch.Tensor:
+    """[T, out]: how far x @ W.T may move when x is rounded to int16 per 32 elements: each activation
+    by at most half a step, max |x| / 65534 over its 32, times |w| (1 % over it for the float32
+    arithmetic of the rounding)."""
+    width = x.shape[1]
+    step = x.double().reshape(x.shape[0], -1, 32).abs().amax(-1, keepdim=True).expand(-1, -1, 32) / 65534
+    return 1.01 * step.reshape(x.shape[0], width) @ dequantize_blocks(kind, blocks, width).double().abs().T
+
+
+@pytest.mark.parametrize("kind", K_KINDS)
+@pytest.mark.parametrize("out,width", [(1, 256), (7, 512), (130, 1536)])
+def test_k_kinds_matmul_is_the_int16_activation_product_and_a_misread_field_fails_it(kind, out, width):
+    """The K kinds' matmul (the target's: decoding and verification) is the product of the file's
+    exact weights with x rounded to int16 per 32 elements (tests/int16_reference.py) up to float32
+    rounding, and so within the activations' rounding bound of the float64 product x @ W.T (a bound a
+    few 1e-4 of the output: not vacuous). One bit of one nibble, scale, min or high-bit field read
+    wrong misses the quantized product by far more than its tolerance, and the float64 product by
+    more than the bound."""
+    blocks = _stored_blocks(kind, out, width, seed=out)
+    x = torch.randn(9, width, generator=torch.Generator().manual_seed(3))
+    exact = x.double() @ dequantize_blocks(kind, blocks, width).double().T  # [9, out]
+    want = int16_reference(kind, blocks, x)
+    tolerance = 1e-5 * float(want.abs().max())
+    got = native.block_matmul(kind, blocks, x)
+    assert got.shape == (9, out)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=tolerance)
+    bound = activation_rounding_bound(blocks, kind, x) + tolerance
+    assert ((got.double() - exact).abs() <= bound).all()
+    assert float(bound.max()) < 1e-3 * float(exact.abs().max())
+    assert not torch.equal(got, (x @ dequantize_blocks(kind, blocks, width).T))  # not the float32 product
+    for field, (at, bit) in FAULTS[kind].items():
+        wrong = blocks.copy()
+        wrong[0, at] ^= bit
+        off = native.block_matmul(kind, wrong, x)
+        assert (off - want).abs().max() > 100 * tolerance, (kind, field)
+        assert ((off.double() - exact).abs() > bound).any(), (kind, field)
 
 
 @pytest.mark.parametrize("kind", STORED_KINDS)

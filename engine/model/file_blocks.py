@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine.model.quant import BLOCK_BYTES, QuantWeight, StackedWeight, cpu_prefill_attention_dtype
+from engine.model.quant import BLOCK_BYTES, QuantWeight, StackedWeight, blocks_tag, cpu_prefill_attention_dtype
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def use_file_blocks(runner, gguf: Path, cache: Path | None = None) -> int:
         else:
             runner.lm_head, runner._lm_head_packed = weight, None
     if weights:  # a different target from float32's (its K/V differ), and one per kernel
-        runner.weights_tag = "gguf-native-f32" if any(w.native for w in weights.values()) else "gguf-int4-bf16"
+        runner.weights_tag = blocks_tag(list(weights.values()))
         if runner.device.type == "cpu":
             runner.prefill_dtype = cpu_prefill_attention_dtype()
     return len(weights)

@@ -178,8 +178,8 @@ def file_runner(gguf: GgufFile, config, max_positions: int | None = None):
     weights = [embed, lm_head] + [w for layer in layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
     blocks = [w for w in weights if isinstance(w, quant.QuantWeight)]
     if blocks:  # a different target from float32's, and one per kernel (snapshot keys)
-        runner.weights_tag = "gguf-native-f32" if any(w.native for w in blocks) else "gguf-int4-bf16"
-        if as_stored and runner.weights_tag == "gguf-native-f32":  # AVX-512 sums these apart from the repacked tile
+        runner.weights_tag = quant.blocks_tag(blocks)
+        if as_stored and runner.weights_tag.startswith("gguf-native-f32"):  # AVX-512 sums these apart from the repacked tile
             runner.weights_tag += "-q4-stored"
         runner.prefill_dtype = quant.cpu_prefill_attention_dtype()
     _release_copied(gguf, [embed, lm_head], [n for n in gguf.tensors if not n.startswith("blk.")])

@@ -22,10 +22,15 @@ with int16 activations on every kind but Q8_0 (engine/native matmul_int16: the r
 blocks and the stored K and 5-bit blocks); Q8_0 drafts through the float kernel.
 
 Decoding and verification (up to DENSE_ABOVE tokens) run the blocks as stored through the native
-kernel (engine/native/kernels.c): each block is widened to float32 in registers and multiplied with
-float32 activations, so a projection equals the float32 oracle (x @ dequantize().T) up to the order
-of a float32 sum (~1e-6 of its output); prefill chunks widen the blocks once for one GEMM, which is
-the oracle's own arithmetic.
+kernel (engine/native/kernels.c). The 32-weight kinds are widened to float32 in registers and
+multiplied with float32 activations, so a projection equals the float32 oracle (x @ dequantize().T)
+up to the order of a float32 sum (~1e-6 of its output). The K kinds multiply their integer codes
+with the activations rounded to int16 per 32 elements (d_a = max |x| / 32767), summed exactly in
+int32 and scaled in float32: within max |x| / 65534 sum |w| of the oracle (~1e-5 of the output,
+where 8-bit activations are ~1e-2), in a fraction of the widening kernel's instructions;
+it is the target's arithmetic for those kinds (weights_tag "-k16a"), and every mode decodes through
+it. Prefill chunks widen the blocks once (in one native pass where the kernels run) for one GEMM,
+which is the oracle's own arithmetic.
 
 Where no C compiler is found (or TRIFORCE_NATIVE=0), torch's CPU weight-only int4 kernel runs
 instead for Q4_0, Q4_1 and Q8_0; the other kinds then run from a float32 copy widened once (the
@@ -87,6 +92,19 @@ def cpu_prefill_attention_dtype() -> torch.dtype | None:
     has_units = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or \
         getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
     return torch.bfloat16 if has_units else None
+
+
+K_KINDS = ("Q4_K", "Q5_K", "Q6_K")  # the native kernel runs these with int16 activations (engine/native)
+
+
+def blocks_tag(weights: list) -> str:
+    """What a runner's file-block weights compute, for snapshot keys (runner.weights_tag): the native
+    kernels ("gguf-native-f32", with "-k16a" where a K kind runs there with int16 activations) or
+    torch's int4 kernel ("gguf-int4-bf16")."""
+    if not any(w.native for w in weights):
+        return "gguf-int4-bf16"
+    k_kinds = any(part in K_KINDS for w in weights if w.native for part in w.kind.split("+"))
+    return "gguf-native-f32-k16a" if k_kinds else "gguf-native-f32"
 
 
 class QuantWeight:
@@ -205,7 +223,12 @@ class QuantWeight:
         return self.blocks if self.row_order is None else self.blocks[self.row_order]
 
     def dequantize(self) -> torch.Tensor:
-        """The whole weight in float32 [out, in]: the oracle (equal to gguf's own dequantize)."""
+        """The whole weight in float32 [out, in]: the oracle (equal to gguf's own dequantize), widened
+        by the native kernels where they read the kind as stored (the same bits, in one pass)."""
+        if self.native:
+            dense = native.dequantize_stored(self.kind, self.blocks, self.in_features)  # [out, in], file row order
+            if dense is not None:
+                return dense if self.row_order is None else dense[torch.from_numpy(self.row_order)]
         return dequantize_blocks(self.kind, self.model_blocks(), self.in_features)
 
     def native_part(self) -> tuple[native.BlockMatrix, np.ndarray | None] | None:

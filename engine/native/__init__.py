@@ -29,7 +29,7 @@ import torch  # loads torch's libgomp first: the kernels then share its OpenMP r
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-VERSION = 10  # triforce_kernels_version() of the source this module speaks to
+VERSION = 11  # triforce_kernels_version() of the source this module speaks to
 # kernels.c's kind codes: 6 a 32-weight 4-bit kind repacked (repack_q4); the others read the file's
 # blocks as stored; STACKED_CODE a projection stacked from parts of several kinds (StackedBlocks)
 KIND_CODES = {"Q4_0": 6, "Q4_1": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q5_0": 20, "Q5_1": 21}
@@ -107,6 +107,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.triforce_block_matmul_q16a.restype = i32
     lib.triforce_block_matmul_draft.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
     lib.triforce_block_matmul_draft.restype = i32
+    lib.triforce_dequantize.argtypes = [i32, ptr, i64, i64, ptr, i32]
+    lib.triforce_dequantize.restype = i32
     lib.triforce_attention.argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, i32]
     lib.triforce_attention.restype = i32
     lib.triforce_prefill_attention.argtypes = [ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i64, ctypes.c_float,
@@ -230,6 +232,22 @@ def repack_q4(kind: str, blocks: np.ndarray) -> np.ndarray:
     return packed
 
 
+def dequantize_stored(kind: str, blocks: np.ndarray, in_features: int) -> torch.Tensor | None:
+    """A stored kind's blocks [out, in / weights per block * block bytes] uint8 -> float32 [out, in],
+    gguf's dequantize bit for bit, in one threaded pass; None for a kind the kernels do not read as
+    stored (the caller's torch path runs)."""
+    code = STORED_Q4_CODES.get(kind, KIND_CODES.get(kind))
+    if code is None or code in (6, 8):
+        return None
+    blocks = np.ascontiguousarray(blocks)
+    y = torch.empty(blocks.shape[0], in_features, dtype=torch.float32)
+    rc = _kernels().triforce_dequantize(code, blocks.ctypes.data, blocks.shape[0], in_features, y.data_ptr(),
+                                        torch.get_num_threads())
+    if rc:
+        raise ValueError(f"dequantize rejected {kind} blocks {blocks.shape} of {in_features} weights a row ({rc})")
+    return y
+
+
 class BlockMatrix:
     """A weight kept as the file's own GGUF blocks for block_matmul: the array [out, in / 32 *
     block bytes] uint8 (C-contiguous, held here so its memory stays put; 4-bit kinds repacked,
@@ -274,8 +292,9 @@ class BlockMatrix:
 
     def matmul_int16(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] float32 @ W.T -> [T, out] float32 with x quantized to int16 per 32 elements
-        (within ~1e-5 of matmul, cheaper): a drafter's approximation of matmul, never the target's.
-        Q8_0 weights (and Q8_0 parts of a stack) run matmul."""
+        (within ~1e-5 of the float product, cheaper): a drafter's approximation of matmul, except
+        for the K kinds, whose matmul is this product. Q8_0 weights (and Q8_0 parts of a stack)
+        run matmul."""
         if not self.drafts_int16:
             return self.matmul(x)
         x, y = self._operands(x)

@@ -54,7 +54,7 @@ static inline v8f s8_to_f(const int8_t *p) {
 #endif
 static inline v8f vmax(v8f a, v8f b) { v8i gt = a > b; return (v8f)((gt & (v8i)a) | (~gt & (v8i)b)); }
 
-int triforce_kernels_version(void) { return 10; }
+int triforce_kernels_version(void) { return 11; }
 
 /* ------------------------------------------------------------------ weights: GGUF blocks
  * The weight is the file's own blocks, [out, nb] blocks of 32 weights of one row:
@@ -259,7 +259,9 @@ static inline __attribute__((always_inline)) void tile(int kind, const uint8_t *
 /* ------------------------------------------------------------------ weights: GGUF blocks read as stored
  * Q4_K, Q5_K and Q6_K (super-blocks of 256 weights) and Q5_0, Q5_1 (blocks of 32) are read straight
  * from the file's bytes (a memory map may back them: nothing is repacked). A block is widened 32
- * weights at a time (a K sub-block, or the whole 32-block) into four 8-lane vectors:
+ * weights at a time (a K sub-block, or the whole 32-block) into four 8-lane vectors (the float
+ * kernel's tile for the 32-weight kinds; a prefill chunk's widened copy for every stored kind; the K
+ * kinds' matmul runs with int16 activations, further below):
  *   Q4_K [d f16][dmin f16][12 bytes: 8 six-bit scales and mins][128 bytes]: sub-block j's weights
  *        are nibble (j % 2) of bytes 32 (j / 2) .. + 31, w = (d sc_j) q - (dmin m_j)
  *   Q5_K the same with [32 bytes qh] before the nibbles: bit j of qh[i] is element i's fifth bit
@@ -399,6 +401,30 @@ static inline void block_scales(int kind, const uint8_t *blk, float d[16], float
     }
 }
 
+/* Weights 32 j .. 32 j + 31 of a stored block `blk` (its scales from block_scales) widened to float32,
+ * w[k] elements 8k .. 8k + 7: each the exact value gguf's dequantize computes */
+static inline __attribute__((always_inline)) void widen_stored(int kind, const uint8_t *blk, int j, const float d[16],
+                                                               const float m[8], v32u8 qh, v8f w[4]) {
+    if (kind == KIND_Q4_K) {
+        widen32_u8((load32u8(blk + 16 + 32 * (j / 2)) >> (4 * (j % 2))) & 15, d[j], m[j], w);
+    } else if (kind == KIND_Q5_K) {
+        const v32u8 q = ((load32u8(blk + 48 + 32 * (j / 2)) >> (4 * (j % 2))) & 15) | (((qh >> j) & 1) << 4);
+        widen32_u8(q, d[j], m[j], w);
+    } else if (kind == KIND_Q6_K) {
+        const int h = j / 4, k = j % 4;
+        const v32u8 lo = (load32u8(blk + 64 * h + 32 * (k % 2)) >> (4 * (k / 2))) & 15;
+        const v32u8 hi = (load32u8(blk + 128 + 32 * h) >> (2 * k)) & 3;
+        widen32_s8((v32s8)(lo | (hi << 4)) - 32, d[2 * j], d[2 * j + 1], w);
+    } else if (kind == KIND_Q4_0_STORED || kind == KIND_Q4_1_STORED) {
+        widen32_u8(q4_codes(blk + (kind == KIND_Q4_0_STORED ? 2 : 4)), d[0], m[0], w);
+    } else {
+        const int off = kind == KIND_Q5_0 ? 2 : 4;
+        uint32_t bits;
+        memcpy(&bits, blk + off, 4);
+        widen32_u8(q5_codes(blk + off + 4, bits), d[0], m[0], w);
+    }
+}
+
 /* Rows [o, o + nr) times tokens [t0, t0 + nt) of a stored kind, y row stride ys. Per row and token
  * two 8-lane accumulators (even and odd quarters of every 32 weights), over the weights in order,
  * summed at the end in a fixed order: the same operations for a token whatever nr, nt or the other
@@ -419,24 +445,7 @@ static inline __attribute__((always_inline)) void tile_stored(int kind, const ui
             #pragma GCC unroll 8
             for (int j = 0; j < subs; j++) {
                 v8f w[4];
-                if (kind == KIND_Q4_K) {
-                    widen32_u8((load32u8(blk + 16 + 32 * (j / 2)) >> (4 * (j % 2))) & 15, d[j], m[j], w);
-                } else if (kind == KIND_Q5_K) {
-                    const v32u8 q = ((load32u8(blk + 48 + 32 * (j / 2)) >> (4 * (j % 2))) & 15) | (((qh >> j) & 1) << 4);
-                    widen32_u8(q, d[j], m[j], w);
-                } else if (kind == KIND_Q6_K) {
-                    const int h = j / 4, k = j % 4;
-                    const v32u8 lo = (load32u8(blk + 64 * h + 32 * (k % 2)) >> (4 * (k / 2))) & 15;
-                    const v32u8 hi = (load32u8(blk + 128 + 32 * h) >> (2 * k)) & 3;
-                    widen32_s8((v32s8)(lo | (hi << 4)) - 32, d[2 * j], d[2 * j + 1], w);
-                } else if (kind == KIND_Q4_0_STORED || kind == KIND_Q4_1_STORED) {
-                    widen32_u8(q4_codes(blk + (kind == KIND_Q4_0_STORED ? 2 : 4)), d[0], m[0], w);
-                } else {
-                    const int off = kind == KIND_Q5_0 ? 2 : 4;
-                    uint32_t bits;
-                    memcpy(&bits, blk + off, 4);
-                    widen32_u8(q5_codes(blk + off + 4, bits), d[0], m[0], w);
-                }
+                widen_stored(kind, blk, j, d, m, qh, w);
                 for (int t = 0; t < nt; t++) {
                     const float *xp = x + (t0 + t) * in + bw * s + 32 * j;
                     fmadd32(acc[r][t], w, xp);
@@ -492,11 +501,12 @@ static inline __attribute__((always_inline)) void matmul_rows(int kind, const ui
     }
 }
 
-/* Rows [0, out) of one weight of one kind into y's columns [0, out), row stride ys. kind: 6 (Q4_0 or
- * Q4_1 repacked), 8 (Q8_0): blocks [out, row_bytes(kind, in / 32)]; a stored kind (Q4_K ... Q5_1):
- * blocks [out, in / weights per block * block bytes], as in the file. Each kind gets its own
+/* Rows [0, out) of one weight of one kind times float32 activations into y's columns [0, out), row
+ * stride ys (every kind but the K kinds). kind: 6 (Q4_0 or Q4_1 repacked), 8 (Q8_0): blocks [out,
+ * row_bytes(kind, in / 32)]; a stored 32-weight kind (Q5_0, Q5_1, Q4_0 / Q4_1 as stored): blocks
+ * [out, in / 32 * block bytes], as in the file. Each kind gets its own
  * instance of the tiles (a constant kind: no per-block branching on it, shifts by constants). */
-static void block_matmul_into(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
+static void float_matmul_into(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
                               float *y, int64_t ys, int threads) {
     const int64_t pairs = (out + ROWS_PER_PASS - 1) / ROWS_PER_PASS;
     #pragma omp parallel for schedule(static) num_threads(threads)
@@ -505,15 +515,28 @@ static void block_matmul_into(int kind, const uint8_t *blocks, int64_t out, int6
         switch (kind) {
         case 6: matmul_rows(6, blocks, out, in, x, T, y, ys, o); break;
         case 8: matmul_rows(8, blocks, out, in, x, T, y, ys, o); break;
-        case KIND_Q4_K: matmul_rows(KIND_Q4_K, blocks, out, in, x, T, y, ys, o); break;
-        case KIND_Q5_K: matmul_rows(KIND_Q5_K, blocks, out, in, x, T, y, ys, o); break;
-        case KIND_Q6_K: matmul_rows(KIND_Q6_K, blocks, out, in, x, T, y, ys, o); break;
         case KIND_Q5_0: matmul_rows(KIND_Q5_0, blocks, out, in, x, T, y, ys, o); break;
         case KIND_Q4_0_STORED: matmul_rows(KIND_Q4_0_STORED, blocks, out, in, x, T, y, ys, o); break;
         case KIND_Q4_1_STORED: matmul_rows(KIND_Q4_1_STORED, blocks, out, in, x, T, y, ys, o); break;
         default: matmul_rows(KIND_Q5_1, blocks, out, in, x, T, y, ys, o); break;
         }
     }
+}
+
+static int k16_into(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
+                    float *y, int64_t ys, int threads);
+
+static inline int is_k_kind(int kind) { return kind >= KIND_Q4_K && kind <= KIND_Q6_K; }
+
+/* The target's matmul of one weight of one kind into y's columns [0, out), row stride ys: the K kinds
+ * (Q4_K, Q5_K, Q6_K) through the int16-activation kernel (below: x per 32 elements to int16, integer
+ * products summed exactly), the other kinds through the float32 kernel. Returns 0, or the kernel's
+ * error code. */
+static int block_matmul_into(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
+                             float *y, int64_t ys, int threads) {
+    if (is_k_kind(kind)) return k16_into(kind, blocks, out, in, x, T, y, ys, threads);
+    float_matmul_into(kind, blocks, out, in, x, T, y, ys, threads);
+    return 0;
 }
 
 /* A projection stacked from parts along `out` (q | k | v, gate | up), each part the file's own tensor
@@ -541,23 +564,67 @@ static void scatter_columns(const float *part, int64_t rows, int64_t T, const in
  * x [T, in] float32 -> y [T, out] float32. Returns 0, or -2 where memory ran out. */
 int triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t in,
                           const float *x, int64_t T, float *y, int threads) {
-    if (kind != KIND_STACKED) {
-        block_matmul_into(kind, blocks, out, in, x, T, y, out, threads);
-        return 0;
-    }
+    if (kind != KIND_STACKED) return block_matmul_into(kind, blocks, out, in, x, T, y, out, threads);
     const StackedWeight *w = (const StackedWeight *)(const void *)blocks;
     int64_t first = 0;
-    for (int64_t p = 0; p < w->parts; p++) {
+    int rc = 0;
+    for (int64_t p = 0; p < w->parts && !rc; p++) {
         if (w->cols[p]) {
             float *part = malloc(sizeof(float) * T * w->rows[p]);
             if (!part) return -2;
-            block_matmul_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, part, w->rows[p], threads);
-            scatter_columns(part, w->rows[p], T, w->cols[p], y + first, out);
+            rc = block_matmul_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, part, w->rows[p], threads);
+            if (!rc) scatter_columns(part, w->rows[p], T, w->cols[p], y + first, out);
             free(part);
         } else {
-            block_matmul_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, y + first, out, threads);
+            rc = block_matmul_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, y + first, out, threads);
         }
         first += w->rows[p];
+    }
+    return rc;
+}
+
+/* A stored kind's blocks [out, in / weights per block * block bytes] widened to float32 y [out, in]:
+ * gguf's dequantize, bit for bit (every widened weight is exact, see widen_stored), both threads over
+ * rows. What a prefill chunk's GEMM multiplies. Returns 0, or -1 for a kind that is not stored. */
+static inline __attribute__((always_inline)) void dequantize_row(int kind, const uint8_t *row, int64_t nblk, float *y) {
+    const int64_t bb = stored_block_bytes(kind), bw = stored_block_weights(kind);
+    for (int64_t s = 0; s < nblk; s++) {
+        const uint8_t *blk = row + s * bb;
+        float d[16], m[8] = {0};
+        v32u8 qh = {0};
+        block_scales(kind, blk, d, m, &qh);
+        #pragma GCC unroll 8
+        for (int j = 0; j < (int)(bw / 32); j++) {
+            v8f w[4];
+            if (kind == KIND_Q5_0 || kind == KIND_Q4_0_STORED) {  /* (q - 16) d, (q - 8) d: a product, so a
+                                                                    * zero code of a negative d is -0 as in gguf */
+                uint32_t bits;
+                memcpy(&bits, blk + 2, 4);
+                const v32u8 q = kind == KIND_Q5_0 ? q5_codes(blk + 6, bits) : q4_codes(blk + 2);
+                widen32_s8((v32s8)q - (int8_t)(kind == KIND_Q5_0 ? 16 : 8), d[0], d[0], w);
+            } else {
+                widen_stored(kind, blk, j, d, m, qh, w);
+            }
+            for (int k = 0; k < 4; k++) store8(y + bw * s + 32 * j + 8 * k, w[k]);
+        }
+    }
+}
+
+int triforce_dequantize(int kind, const uint8_t *blocks, int64_t out, int64_t in, float *y, int threads) {
+    if (!is_stored_kind(kind) || in % stored_block_weights(kind)) return -1;
+    const int64_t nblk = in / stored_block_weights(kind), rb = nblk * stored_block_bytes(kind);
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t o = 0; o < out; o++) {
+        const uint8_t *row = blocks + o * rb;
+        switch (kind) {  /* an instance per kind */
+        case KIND_Q4_K: dequantize_row(KIND_Q4_K, row, nblk, y + o * in); break;
+        case KIND_Q5_K: dequantize_row(KIND_Q5_K, row, nblk, y + o * in); break;
+        case KIND_Q6_K: dequantize_row(KIND_Q6_K, row, nblk, y + o * in); break;
+        case KIND_Q5_0: dequantize_row(KIND_Q5_0, row, nblk, y + o * in); break;
+        case KIND_Q4_0_STORED: dequantize_row(KIND_Q4_0_STORED, row, nblk, y + o * in); break;
+        case KIND_Q4_1_STORED: dequantize_row(KIND_Q4_1_STORED, row, nblk, y + o * in); break;
+        default: dequantize_row(KIND_Q5_1, row, nblk, y + o * in); break;
+        }
     }
     return 0;
 }
@@ -785,16 +852,14 @@ static int q16a_into(const uint8_t *blocks, int64_t out, int64_t in, const float
     return 0;
 }
 
-/* ------------------------------------------------------------------ int16 activations on the stored kinds
- * The drafter's matmul above for the kinds read as stored (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1), from the
- * file's bytes: each row of x quantized per 32 elements to int16 as above (d_a, q_a in natural order),
- * the weights' integer codes times q_a summed in int32 (vpmaddwd: pairs, then 8 lanes), and
- *   Q4_K, Q5_K: y = sum over sub-blocks j of (d sc_j) d_a isum_j - (dmin m_j) d_a sum(q_a)
- *   Q5_0, Q5_1: y = sum over blocks of d d_a isum + m d_a sum(q_a)     (Q5_0: m = -16 d)
- *   Q6_K:       y = sum over 16-weight groups k of (d sc_k) d_a isum_k   (codes q - 32, signed)
- * A 16-weight partial sum of 4- and 6-bit codes stays below 2^24 (its float conversion is exact); a
- * 5-bit kind's 32-weight sum may round there, in the last bit. Within ~1e-5 of the float product, a
- * row's value whatever the tokens beside it; NOT the target's arithmetic: only a drafting level uses it. */
+/* ------------------------------------------------------------------ int16 activations on the stored 32-weight kinds
+ * The drafter's matmul above for the 32-weight kinds read as stored (Q5_0, Q5_1, Q4_0 and Q4_1 as in
+ * the file), from the file's bytes: each row of x quantized per 32 elements to int16 as above (d_a,
+ * q_a in natural order), the weights' integer codes times q_a summed in int32 (vpmaddwd: pairs, then
+ * 8 lanes), and y = sum over blocks of d d_a isum + m d_a sum(q_a) (Q5_0: m = -16 d, Q4_0: -8 d).
+ * A 5-bit kind's 32-weight sum may round in its float conversion, in the last bit. Within ~1e-5 of
+ * the float product, a row's value whatever the tokens beside it; NOT the target's arithmetic for
+ * these kinds: only a drafting level uses it. (The K kinds have their own kernel below, the target's.) */
 typedef struct {
     int16_t q[32];  /* round(x / d_a), in element order */
     float d, s;     /* d_a and d_a * sum(q) */
@@ -818,9 +883,8 @@ static void quantize32(const float *x, int64_t n32, Act32 *a) {
     }
 }
 
-/* acc += (codes 0-15 . q_a 0-15) s0 + (codes 16-31 . q_a 16-31) s1, codes signed bytes; the two int32
- * halves added first where s0 == s1 (`same`, a constant per kind) */
-static inline v8f dot32(v32s8 codes, const int16_t *qa, float s0, float s1, int same, v8f acc) {
+/* acc += (codes . q_a) s, codes signed bytes: elements 0-15 and 16-31 paired in int32, then added */
+static inline v8f dot32(v32s8 codes, const int16_t *qa, float s, v8f acc) {
     v8i lo, hi;
 #ifdef __AVX2__
     const __m256i c = (__m256i)codes;
@@ -833,9 +897,7 @@ static inline v8f dot32(v32s8 codes, const int16_t *qa, float s0, float s1, int 
         hi[i] = codes[16 + 2 * i] * qa[16 + 2 * i] + codes[17 + 2 * i] * qa[17 + 2 * i];
     }
 #endif
-    if (same) return fmadd8(__builtin_convertvector(lo + hi, v8f), splat(s0), acc);
-    acc = fmadd8(__builtin_convertvector(lo, v8f), splat(s0), acc);
-    return fmadd8(__builtin_convertvector(hi, v8f), splat(s1), acc);
+    return fmadd8(__builtin_convertvector(lo + hi, v8f), splat(s), acc);
 }
 
 /* One row of a stored kind times nt tokens' quantized activations (n32 chunks of 32 a token) */
@@ -843,7 +905,6 @@ static inline __attribute__((always_inline)) void row_stored_q16a(int kind, cons
                                                                   const Act32 *a, int64_t n32, int nt,
                                                                   float *y, int64_t ys) {
     const int64_t bb = stored_block_bytes(kind);
-    const int subs = (int)(stored_block_weights(kind) / 32);
     v8f acc[4];
     float off[4];
     for (int t = 0; t < nt; t++) {
@@ -855,36 +916,19 @@ static inline __attribute__((always_inline)) void row_stored_q16a(int kind, cons
         float d[16], m[8] = {0};
         v32u8 qh = {0};
         block_scales(kind, blk, d, m, &qh);
-        #pragma GCC unroll 8
-        for (int j = 0; j < subs; j++) {
-            v32s8 codes;
-            float s0, s1, mj;
-            if (kind == KIND_Q6_K) {
-                const int h = j / 4, k = j % 4;
-                const v32u8 lo = (load32u8(blk + 64 * h + 32 * (k % 2)) >> (4 * (k / 2))) & 15;
-                const v32u8 hi = (load32u8(blk + 128 + 32 * h) >> (2 * k)) & 3;
-                codes = (v32s8)(lo | (hi << 4)) - 32;
-                s0 = d[2 * j], s1 = d[2 * j + 1], mj = 0.0f;
-            } else {
-                if (kind == KIND_Q4_K) {
-                    codes = (v32s8)((load32u8(blk + 16 + 32 * (j / 2)) >> (4 * (j % 2))) & 15);
-                } else if (kind == KIND_Q5_K) {
-                    codes = (v32s8)(((load32u8(blk + 48 + 32 * (j / 2)) >> (4 * (j % 2))) & 15) | (((qh >> j) & 1) << 4));
-                } else if (kind == KIND_Q4_0_STORED || kind == KIND_Q4_1_STORED) {
-                    codes = (v32s8)q4_codes(blk + (kind == KIND_Q4_0_STORED ? 2 : 4));
-                } else {
-                    const int at = kind == KIND_Q5_0 ? 2 : 4;
-                    uint32_t bits;
-                    memcpy(&bits, blk + at, 4);
-                    codes = (v32s8)q5_codes(blk + at + 4, bits);
-                }
-                s0 = s1 = d[j], mj = m[j];
-            }
-            for (int t = 0; t < nt; t++) {
-                const Act32 *q = a + t * n32 + s * subs + j;
-                acc[t] = dot32(codes, q->q, s0 * q->d, s1 * q->d, kind != KIND_Q6_K, acc[t]);
-                off[t] += mj * q->s;
-            }
+        v32s8 codes;
+        if (kind == KIND_Q4_0_STORED || kind == KIND_Q4_1_STORED) {
+            codes = (v32s8)q4_codes(blk + (kind == KIND_Q4_0_STORED ? 2 : 4));
+        } else {
+            const int at = kind == KIND_Q5_0 ? 2 : 4;
+            uint32_t bits;
+            memcpy(&bits, blk + at, 4);
+            codes = (v32s8)q5_codes(blk + at + 4, bits);
+        }
+        for (int t = 0; t < nt; t++) {
+            const Act32 *q = a + t * n32 + s;
+            acc[t] = dot32(codes, q->q, d[0] * q->d, acc[t]);
+            off[t] += m[0] * q->s;
         }
     }
     for (int t = 0; t < nt; t++) y[t * ys] = hsum8(acc[t]) + off[t];
@@ -918,9 +962,6 @@ static int stored_q16a_into(int kind, const uint8_t *blocks, int64_t out, int64_
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t o = 0; o < out; o++) {
         switch (kind) {  /* an instance per kind: no branching on it per block */
-        case KIND_Q4_K: rows_stored_q16a(KIND_Q4_K, blocks, o, in, a, T, y, ys); break;
-        case KIND_Q5_K: rows_stored_q16a(KIND_Q5_K, blocks, o, in, a, T, y, ys); break;
-        case KIND_Q6_K: rows_stored_q16a(KIND_Q6_K, blocks, o, in, a, T, y, ys); break;
         case KIND_Q5_0: rows_stored_q16a(KIND_Q5_0, blocks, o, in, a, T, y, ys); break;
         case KIND_Q4_0_STORED: rows_stored_q16a(KIND_Q4_0_STORED, blocks, o, in, a, T, y, ys); break;
         case KIND_Q4_1_STORED: rows_stored_q16a(KIND_Q4_1_STORED, blocks, o, in, a, T, y, ys); break;
@@ -931,14 +972,204 @@ static int stored_q16a_into(int kind, const uint8_t *blocks, int64_t out, int64_
     return 0;
 }
 
+/* ------------------------------------------------------------------ the K kinds: int16 activations, the target's
+ * Q4_K, Q5_K and Q6_K run with the int16 activations above (per 32 elements d_a = max |x| / 32767,
+ * q_a = round(x / d_a)) for decoding and verification alike, target and drafter: y is within
+ * max|x| / 65534 sum |w| (per 32) of the float64 product (tests/test_native.py states it). The codes
+ * come out of the file's bytes as 16-bit lanes without a byte shuffle: 32 bytes read as 16 words,
+ * word i = bytes 2i, 2i + 1, so masks and shifts give elements 2i (the "even" lanes) and 2i + 1
+ * (the "odd" ones) of a 32-weight sub-block, and the activations are stored split alike (KAct). A
+ * lane of (even . q_even) + (odd . q_odd) (vpmaddwd, pairs) then holds elements 4i .. 4i + 3, summed
+ * exactly in int32 (at most 4 * 32 * 32767 < 2^24: its float conversion is exact too); per sub-block
+ * one FMA adds the lanes times (d sc_j) d_a (Q6_K: lanes 0-3 and 4-7 take the scales of its two
+ * 16-weight groups), and the mins' term -(dmin m_j) d_a sum(q_a) is one FMA per super-block. The
+ * same operations for a row whatever the tokens beside it, or the thread that computes it: threads
+ * take rows in chunks of 32 as they come free, so where another process holds a core the thread
+ * that runs takes the rows the other has not started. */
+typedef int16_t v16i16 __attribute__((vector_size(32)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+
+typedef struct {
+    int16_t even[16], odd[16];  /* q_a of elements 2i and 2i + 1 of a 32-element chunk */
+} KChunk;
+
+typedef struct {  /* one token's activations: n32 chunks, their d_a and d_a * sum(q_a) */
+    const KChunk *q;
+    const float *d, *s;
+} KAct;
+
+static void quantize_k(const float *x, int64_t n32, KChunk *q, float *d, float *s) {
+    for (int64_t c = 0; c < n32; c++) {
+        const float *xc = x + 32 * c;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xc[j]));
+        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            long v = lrintf(xc[j] * inv);
+            v = v > 32767 ? 32767 : v < -32767 ? -32767 : v;
+            sum += (int)v;
+            if (j % 2) q[c].odd[j / 2] = (int16_t)v;
+            else q[c].even[j / 2] = (int16_t)v;
+        }
+        d[c] = amax / 32767.0f;
+        s[c] = d[c] * (float)sum;
+    }
+}
+
+static inline v16u16 load16u16(const uint8_t *p) { v16u16 v; memcpy(&v, p, sizeof v); return v; }
+
+/* lane i: a[2i] b[2i] + a[2i + 1] b[2i + 1], exact in int32 */
+static inline v8i madd16(v16i16 a, const int16_t *b) {
+#ifdef __AVX2__
+    return (v8i)_mm256_madd_epi16((__m256i)a, _mm256_loadu_si256((const __m256i *)b));
+#else
+    v8i r;
+    for (int i = 0; i < 8; i++) r[i] = (int32_t)a[2 * i] * b[2 * i] + (int32_t)a[2 * i + 1] * b[2 * i + 1];
+    return r;
+#endif
+}
+
+/* every lane = lane `j` of v */
+static inline v8f lane_splat(v8f v, int j) {
+#ifdef __AVX2__
+    return (v8f)_mm256_permutevar8x32_ps((__m256)v, _mm256_set1_epi32(j));
+#else
+    return splat(v[j]);
+#endif
+}
+
+/* lanes 0-3 = lane g of v, lanes 4-7 = lane g + 1 */
+static inline v8f pair_splat(v8f v, int g) {
+#ifdef __AVX2__
+    return (v8f)_mm256_permutevar8x32_ps((__m256)v, _mm256_setr_epi32(g, g, g, g, g + 1, g + 1, g + 1, g + 1));
+#else
+    return (v8f){v[g], v[g], v[g], v[g], v[g + 1], v[g + 1], v[g + 1], v[g + 1]};
+#endif
+}
+
+/* Q4_K / Q5_K: the 8 sub-blocks' d sc_j and -(dmin m_j) as vectors (the values k_scales computes) */
+static inline void k_scales8(const uint8_t *blk, v8f *d, v8f *m) {
+    uint32_t a, b, c;
+    memcpy(&a, blk + 4, 4);
+    memcpy(&b, blk + 8, 4);
+    memcpy(&c, blk + 12, 4);
+    const uint32_t sc[2] = {a & 0x3F3F3F3Fu, (c & 0x0F0F0F0Fu) | (((a >> 6) & 0x03030303u) << 4)};
+    const uint32_t mn[2] = {b & 0x3F3F3F3Fu, ((c >> 4) & 0x0F0F0F0Fu) | (((b >> 6) & 0x03030303u) << 4)};
+    *d = splat(half_to_float(blk)) * u8_to_f((const uint8_t *)sc);
+    *m = -(splat(half_to_float(blk + 2)) * u8_to_f((const uint8_t *)mn));
+}
+
+/* sub-block j's codes, even and odd lanes (Q6_K's minus 32) */
+static inline __attribute__((always_inline)) void k_codes(int kind, const uint8_t *blk, int j, v16i16 *e, v16i16 *o) {
+    if (kind == KIND_Q6_K) {
+        const int h = j / 4, k = j % 4, sh = 4 * (k / 2);
+        const v16u16 l = load16u16(blk + 64 * h + 32 * (k % 2)), q = load16u16(blk + 128 + 32 * h);
+        *e = (v16i16)(((l >> sh) & 15) | (((q >> (2 * k)) & 3) << 4)) - 32;
+        *o = (v16i16)(((l >> (8 + sh)) & 15) | (((q >> (8 + 2 * k)) & 3) << 4)) - 32;
+        return;
+    }
+    const v16u16 w = load16u16(blk + (kind == KIND_Q5_K ? 48 : 16) + 32 * (j / 2));
+    const int sh = 4 * (j % 2);
+    v16u16 ev = (w >> sh) & 15, od = (w >> (8 + sh)) & 15;
+    if (kind == KIND_Q5_K) {
+        const v16u16 qh = load16u16(blk + 16);
+        ev |= ((qh >> j) & 1) << 4;
+        od |= ((qh >> (8 + j)) & 1) << 4;
+    }
+    *e = (v16i16)ev;
+    *o = (v16i16)od;
+}
+
+/* One row of a K kind times nt tokens' activations: y[t ys] */
+static inline __attribute__((always_inline)) void row_k16(int kind, const uint8_t *row, int64_t nblk,
+                                                          const KAct *a, int nt, float *y, int64_t ys) {
+    const int64_t bb = stored_block_bytes(kind);
+    v8f acc[4], off[4];
+    for (int t = 0; t < nt; t++) acc[t] = off[t] = splat(0.0f);
+    for (int64_t s = 0; s < nblk; s++) {
+        const uint8_t *blk = row + s * bb;
+        v8f sc[4], sc2[4];  /* per token: sub-block scales times d_a (Q6_K: groups 0-7, 8-15 times d_a) */
+        if (kind == KIND_Q6_K) {
+            const float dd = half_to_float(blk + 208);
+            const v8f g0 = splat(dd) * s8_to_f((const int8_t *)blk + 192), g1 = splat(dd) * s8_to_f((const int8_t *)blk + 200);
+            for (int t = 0; t < nt; t++) {
+                const v8f da = load8(a[t].d + 8 * s);
+                /* group g = 2j + i's scale times chunk j's d_a: [g0 g0 g1 g1 ..] x [da0 da0 da1 da1 ..] */
+                sc[t] = g0 * SHUFFLE(da, da, 0, 0, 1, 1, 2, 2, 3, 3);
+                sc2[t] = g1 * SHUFFLE(da, da, 4, 4, 5, 5, 6, 6, 7, 7);
+            }
+        } else {
+            v8f d, m;
+            k_scales8(blk, &d, &m);
+            for (int t = 0; t < nt; t++) {
+                sc[t] = d * load8(a[t].d + 8 * s);
+                off[t] = fmadd8(m, load8(a[t].s + 8 * s), off[t]);
+            }
+        }
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            v16i16 e, o;
+            k_codes(kind, blk, j, &e, &o);
+            for (int t = 0; t < nt; t++) {
+                const KChunk *q = a[t].q + 8 * s + j;
+                const v8i isum = madd16(e, q->even) + madd16(o, q->odd);  /* lane i: elements 4i .. 4i + 3 */
+                v8f scale;
+                if (kind == KIND_Q6_K) {  /* lanes 0-3: group 2j's scale, 4-7: group 2j + 1's */
+                    const v8f half = j < 4 ? sc[t] : sc2[t];
+                    const int g = 2 * (j % 4);
+                    scale = pair_splat(half, g);
+                } else {
+                    scale = lane_splat(sc[t], j);
+                }
+                acc[t] = fmadd8(__builtin_convertvector(isum, v8f), scale, acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) y[t * ys] = hsum8(acc[t]) + hsum8(off[t]);
+}
+
+static int k16_into(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
+                    float *y, int64_t ys, int threads) {
+    if (in % 256 || T < 1) return -1;
+    const int64_t n32 = in / 32, nblk = in / 256, rb = nblk * stored_block_bytes(kind);
+    char *buf = malloc((sizeof(KChunk) + 2 * sizeof(float)) * n32 * T);
+    if (!buf) return -2;
+    KChunk *q = (KChunk *)buf;
+    float *d = (float *)(buf + sizeof(KChunk) * n32 * T), *s = d + n32 * T;
+    for (int64_t t = 0; t < T; t++) quantize_k(x + t * in, n32, q + t * n32, d + t * n32, s + t * n32);
+    #pragma omp parallel for schedule(dynamic, 32) num_threads(threads)
+    for (int64_t o = 0; o < out; o++) {
+        const uint8_t *row = blocks + o * rb;
+        for (int64_t t0 = 0; t0 < T; t0 += 4) {
+            const int nt = T - t0 < 4 ? (int)(T - t0) : 4;
+            KAct a[4];
+            for (int t = 0; t < nt; t++) a[t] = (KAct){q + (t0 + t) * n32, d + (t0 + t) * n32, s + (t0 + t) * n32};
+            float *yt = y + t0 * ys + o;
+#define K16(KIND) switch (nt) { /* constant counts keep the accumulators in registers */ \
+            case 1: row_k16(KIND, row, nblk, a, 1, yt, ys); break; \
+            case 2: row_k16(KIND, row, nblk, a, 2, yt, ys); break; \
+            case 3: row_k16(KIND, row, nblk, a, 3, yt, ys); break; \
+            default: row_k16(KIND, row, nblk, a, 4, yt, ys); break; }
+            if (kind == KIND_Q4_K) { K16(KIND_Q4_K) }
+            else if (kind == KIND_Q5_K) { K16(KIND_Q5_K) }
+            else { K16(KIND_Q6_K) }
+#undef K16
+        }
+    }
+    free(buf);
+    return 0;
+}
+
 /* A drafting level's matmul of one weight of one kind into y's columns [0, out), row stride ys: the
  * int16-activation kernels where the kind has one (the repacked 4-bit kind, the stored kinds), else
  * the float kernel (Q8_0) */
 static int draft_into(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
                       float *y, int64_t ys, int threads) {
     if (kind == 6) return q16a_into(blocks, out, in, x, T, y, ys, threads);
+    if (is_k_kind(kind)) return k16_into(kind, blocks, out, in, x, T, y, ys, threads);
     if (is_stored_kind(kind)) return stored_q16a_into(kind, blocks, out, in, x, T, y, ys, threads);
-    block_matmul_into(kind, blocks, out, in, x, T, y, ys, threads);
+    float_matmul_into(kind, blocks, out, in, x, T, y, ys, threads);
     return 0;
 }
 
