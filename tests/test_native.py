@@ -101,9 +101,8 @@ def test_a_verification_row_has_the_bits_of_a_one_token_step(held, new):
 @pytest.mark.parametrize("heads,n_kv,dim", [(8, 2, 40), (4, 1, 128), (6, 6, 24), (12, 3, 72)])
 @pytest.mark.parametrize("half", [False, True])
 def test_a_rows_bits_do_not_depend_on_the_rows_attended_with_it(heads, n_kv, dim, half):
-    """The kernel attends rows in groups of three, six with 512-bit vectors (one widening of each K/V
-    chunk for all of them); which rows share a group changes with the number of new tokens, the bits
-    of a row must not."""
+    """The kernel attends rows in groups of six (one widening of each K/V chunk for all of them);
+    which rows share a group changes with the number of new tokens, the bits of a row must not."""
     held, new = 45, 5
     total = held + new
     keys, values = _kv(n_kv, _buffer(total), dim, seed=dim, half=half)
