@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
+from engine.offload.layouts import PREFILL_COPY_MAX
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ DENSE_ABOVE = 64
 # 1B+ file's (its copy would be several times the file: those widen one weight at a time, chunk by
 # chunk, and the process holds about the file).
 WIDEN_SHARE = 0.25
-WIDEN_MAX = 1 << 30
+WIDEN_MAX = PREFILL_COPY_MAX  # the planner counts the same copy (engine/offload/layouts.py)
 
 
 def cpu_prefill_attention_dtype() -> torch.dtype | None:

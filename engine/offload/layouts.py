@@ -17,6 +17,7 @@ from engine.settings import DecodeSettings
 STAGING_SLOTS = 2  # GPU buffers of one layer's KV each: copy layer i+1 while layer i computes
 SCORE_PIECE_TOKENS = 16384  # RetrievalCache.SCORE_PIECE: offloaded keys come to the card in pieces to be scored
 RUNTIME_BYTES = 224 << 20  # what importing torch and the engine leaves resident in the process
+PREFILL_COPY_MAX = 1 << 30  # the largest float32 copy of a file's projections a prefill keeps (engine/model/quant.py)
 TOKENIZER_BYTES_PER_TOKEN = 900  # a fast tokenizer's tables at their peak while loading, per vocabulary entry
 
 
@@ -96,7 +97,6 @@ def sizes_for(target: ModelShape, draft: ModelShape | None, context: int, settin
            dtype: int, prefill_chunk: int, cpu_kv: tuple[int, int] | None = None) -> Sizes:
     """cpu_kv: (bytes per element, padding) of the target's KV where it stays on the CPU
     (cpu_kv_storage); None: `dtype`, unpadded (a card's)."""
-    from engine.model.quant import WIDEN_MAX  # a prefill keeps a float32 copy of a file's blocks up to this
     from engine.native import BLOCK_KEYS  # the retrieval cache pads its native buffers to a block of keys
 
     kv_bytes, pad = cpu_kv or (dtype, 1)
@@ -122,7 +122,7 @@ def sizes_for(target: ModelShape, draft: ModelShape | None, context: int, settin
         layer_weights = layers_bytes // target.layers
         head_read = head if not target.tie_embeddings else embeddings + head
         widened = 4 * target.layers * (target.layer_params() - 2 * target.hidden)  # projections, not the norms
-        prefill_weights = widened if widened <= WIDEN_MAX else 0
+        prefill_weights = widened if widened <= PREFILL_COPY_MAX else 0
     else:
         layer_weights, embeddings = target.layer_params() * dtype, target.embedding_params() * dtype
         head, head_read, prefill_weights = target.lm_head_params() * dtype, (target.vocab * target.hidden + target.hidden) * dtype, 0
