@@ -865,20 +865,27 @@ typedef struct {
     float d, s;     /* d_a and d_a * sum(q) */
 } Act32;
 
+/* One 32-element chunk rounded to int16 on its own scale: q = round(x / d_a), d_a = max|x| / 32767;
+ * returns d_a and sets *sum = sum(q). The drafting kernel and the K kinds' kernel share it. */
+static float round_chunk(const float *xc, int16_t q[32], int *sum) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xc[j]));
+    const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+    int total = 0;
+    for (int j = 0; j < 32; j++) {
+        long v = lrintf(xc[j] * inv);
+        v = v > 32767 ? 32767 : v < -32767 ? -32767 : v;
+        total += (int)v;
+        q[j] = (int16_t)v;
+    }
+    *sum = total;
+    return amax / 32767.0f;
+}
+
 static void quantize32(const float *x, int64_t n32, Act32 *a) {
     for (int64_t c = 0; c < n32; c++) {
-        const float *xc = x + 32 * c;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xc[j]));
-        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        int sum = 0;
-        for (int j = 0; j < 32; j++) {
-            long q = lrintf(xc[j] * inv);
-            q = q > 32767 ? 32767 : q < -32767 ? -32767 : q;
-            sum += (int)q;
-            a[c].q[j] = (int16_t)q;
-        }
-        a[c].d = amax / 32767.0f;
+        int sum;
+        a[c].d = round_chunk(x + 32 * c, a[c].q, &sum);
         a[c].s = a[c].d * (float)sum;
     }
 }
@@ -1000,19 +1007,13 @@ typedef struct {  /* one token's activations: n32 chunks, their d_a and d_a * su
 
 static void quantize_k(const float *x, int64_t n32, KChunk *q, float *d, float *s) {
     for (int64_t c = 0; c < n32; c++) {
-        const float *xc = x + 32 * c;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xc[j]));
-        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        int sum = 0;
-        for (int j = 0; j < 32; j++) {
-            long v = lrintf(xc[j] * inv);
-            v = v > 32767 ? 32767 : v < -32767 ? -32767 : v;
-            sum += (int)v;
-            if (j % 2) q[c].odd[j / 2] = (int16_t)v;
-            else q[c].even[j / 2] = (int16_t)v;
+        int16_t chunk[32];
+        int sum;
+        d[c] = round_chunk(x + 32 * c, chunk, &sum);
+        for (int j = 0; j < 16; j++) {
+            q[c].even[j] = chunk[2 * j];
+            q[c].odd[j] = chunk[2 * j + 1];
         }
-        d[c] = amax / 32767.0f;
         s[c] = d[c] * (float)sum;
     }
 }
