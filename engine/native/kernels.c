@@ -559,28 +559,38 @@ static void scatter_columns(const float *part, int64_t rows, int64_t T, const in
         for (int64_t r = 0; r < rows; r++) y[t * ys + cols[r]] = part[t * rows + r];
 }
 
-/* kind: 6 (Q4_0 or Q4_1 repacked), 8 (Q8_0), a stored kind (12 Q4_K, 13 Q5_K, 14 Q6_K, 20 Q5_0,
- * 21 Q5_1), or 1: `blocks` is a StackedWeight of parts of those kinds whose rows add up to `out`.
- * x [T, in] float32 -> y [T, out] float32. Returns 0, or -2 where memory ran out. */
-int triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t in,
-                          const float *x, int64_t T, float *y, int threads) {
-    if (kind != KIND_STACKED) return block_matmul_into(kind, blocks, out, in, x, T, y, out, threads);
-    const StackedWeight *w = (const StackedWeight *)(const void *)blocks;
+/* One weight's product into y's columns (row stride ys): block_matmul_into or draft_into. */
+typedef int (*MatmulInto)(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
+                          float *y, int64_t ys, int threads);
+
+/* A StackedWeight's parts through `into`, each into its columns of y [T, out]; a part stored in the
+ * file's row order goes through a scratch and is scattered to its model-order columns. */
+static int stacked_into(MatmulInto into, const StackedWeight *w, int64_t out, int64_t in, const float *x, int64_t T,
+                        float *y, int threads) {
     int64_t first = 0;
     int rc = 0;
     for (int64_t p = 0; p < w->parts && !rc; p++) {
         if (w->cols[p]) {
             float *part = malloc(sizeof(float) * T * w->rows[p]);
             if (!part) return -2;
-            rc = block_matmul_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, part, w->rows[p], threads);
+            rc = into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, part, w->rows[p], threads);
             if (!rc) scatter_columns(part, w->rows[p], T, w->cols[p], y + first, out);
             free(part);
         } else {
-            rc = block_matmul_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, y + first, out, threads);
+            rc = into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, y + first, out, threads);
         }
         first += w->rows[p];
     }
     return rc;
+}
+
+/* kind: 6 (Q4_0 or Q4_1 repacked), 8 (Q8_0), a stored kind (12 Q4_K, 13 Q5_K, 14 Q6_K, 20 Q5_0,
+ * 21 Q5_1), or 1: `blocks` is a StackedWeight of parts of those kinds whose rows add up to `out`.
+ * x [T, in] float32 -> y [T, out] float32. Returns 0, or -2 where memory ran out. */
+int triforce_block_matmul(int kind, const uint8_t *blocks, int64_t out, int64_t in,
+                          const float *x, int64_t T, float *y, int threads) {
+    if (kind != KIND_STACKED) return block_matmul_into(kind, blocks, out, in, x, T, y, out, threads);
+    return stacked_into(block_matmul_into, (const StackedWeight *)(const void *)blocks, out, in, x, T, y, threads);
 }
 
 /* A stored kind's blocks [out, in / weights per block * block bytes] widened to float32 y [out, in]:
@@ -1179,22 +1189,7 @@ static int draft_into(int kind, const uint8_t *blocks, int64_t out, int64_t in, 
 int triforce_block_matmul_draft(int kind, const uint8_t *blocks, int64_t out, int64_t in, const float *x, int64_t T,
                                 float *y, int threads) {
     if (kind != KIND_STACKED) return draft_into(kind, blocks, out, in, x, T, y, out, threads);
-    const StackedWeight *w = (const StackedWeight *)(const void *)blocks;
-    int64_t first = 0;
-    int rc = 0;
-    for (int64_t p = 0; p < w->parts && !rc; p++) {
-        if (w->cols[p]) {
-            float *part = malloc(sizeof(float) * T * w->rows[p]);
-            if (!part) return -2;
-            rc = draft_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, part, w->rows[p], threads);
-            if (!rc) scatter_columns(part, w->rows[p], T, w->cols[p], y + first, out);
-            free(part);
-        } else {
-            rc = draft_into((int)w->kinds[p], w->blocks[p], w->rows[p], in, x, T, y + first, out, threads);
-        }
-        first += w->rows[p];
-    }
-    return rc;
+    return stacked_into(draft_into, (const StackedWeight *)(const void *)blocks, out, in, x, T, y, threads);
 }
 
 /* ------------------------------------------------------------------ attention
