@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
+from cpu_features import cpu_flags
 from int16_reference import check_int16_is_the_quantized_product, int16_reference
 from kquant_pack import pack_k
 
@@ -207,15 +208,7 @@ def test_the_runners_cpu_cache_stores_float16_and_prefills_from_it():
     assert plain.kv_dtype == torch.float32  # only where the native kernel reads it
 
 
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
-
-
-@pytest.mark.skipif(not {"avx512f", "avx512dq"} <= set(_cpu_flags().split()),
+@pytest.mark.skipif(not {"avx512f", "avx512dq"} <= cpu_flags(),
                     reason="no AVX-512 here: the 8-lane attention is the only one built")
 def test_the_512_bit_attention_gives_the_8_lane_bits(tmp_path):
     """Where the compiler targets AVX-512, attention runs two 8-lane registers' work in each 512-bit
@@ -238,7 +231,7 @@ def test_the_512_bit_attention_gives_the_8_lane_bits(tmp_path):
             assert torch.equal(out, wide), (heads, n_kv, dim, half, held, new)
 
 
-@pytest.mark.skipif(not {"avx2", "fma"} <= set(_cpu_flags().split()), reason="no AVX2 here: only the plain-C body is built")
+@pytest.mark.skipif(not {"avx2", "fma"} <= cpu_flags(), reason="no AVX2 here: only the plain-C body is built")
 def test_the_int16_activation_matmul_bodies_agree(tmp_path):
     """The int16-activation matmul (a drafter's) has three bodies: AVX512-VNNI, AVX2 (vpmaddwd, for
     CPUs without VNNI) and plain C. They sum the same integer products; only float rounding differs.

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
+from cpu_features import cpu_flags
 from int16_reference import check_int16_is_the_quantized_product, int16_reference
 from kquant_pack import pack_k
 
@@ -51,15 +52,7 @@ def test_a_misread_field_misses_the_quantized_product(kind):
     assert off > 100 * max(own, 1e-6)
 
 
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
-
-
-@pytest.mark.skipif(not {"avx2", "fma"} <= set(_cpu_flags().split()), reason="no AVX2 here: only the plain-C body is built")
+@pytest.mark.skipif(not {"avx2", "fma"} <= cpu_flags(), reason="no AVX2 here: only the plain-C body is built")
 def test_the_stored_int16_bodies_agree(tmp_path):
     """The AVX2 body (vpmaddwd) and the plain-C one sum the same integer pairs: the same values up
     to the float rounding of their scaling."""
@@ -127,7 +120,7 @@ def test_4_bit_blocks_read_as_stored_are_the_repacked_weights(kind):
     got = stored.matmul(x)
     oracle = x @ dequantize_blocks(kind, blocks, width).T
     torch.testing.assert_close(got, oracle, rtol=1e-5, atol=1e-5 * float(oracle.abs().max()))
-    if "avx512f" not in _cpu_flags().split():
+    if "avx512f" not in cpu_flags():
         assert torch.equal(got, repacked.matmul(x))
     for start, size in ((0, 1), (3, 2), (1, 8)):
         assert torch.equal(stored.matmul(x[start:start + size]), got[start:start + size])
