@@ -61,11 +61,7 @@ class Rotary:
                                                     device)
         elif rope_type in _init_functions():
             fn = _init_functions()[rope_type]
-            config = _transformers_config(config)
-            if rope_type == "dynamic":
-                inv_freq, scaling = fn(config, device, seq_len=max_positions)
-            else:
-                inv_freq, scaling = fn(config, device)
+            inv_freq, scaling = fn(_transformers_config(config), device)  # dynamic is native: no seq_len here
         else:
             from engine.errors import UnsupportedModelError
 
